@@ -1,0 +1,1 @@
+"""Device code: one module per kernel variant, plus the helpers they share."""

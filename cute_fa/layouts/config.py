@@ -1,0 +1,138 @@
+"""The tile configuration every layout builder is parameterised by.
+
+Pure Python (no CuTe import), so that validation is cheap and runs before any
+tracing or compilation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MMA_M, MMA_N, MMA_K = 16, 8, 16  # SM80 mma.sync m16n8k16
+WARP_SIZE = 32
+COPY_BITS = 128  # one cp.async / ldmatrix row / vector store moves 16 bytes
+MAX_HEAD_DIM = 256
+
+_DTYPE_ALIASES = {
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+
+
+def canonical_dtype(dtype) -> str:
+    """'float16' or 'bfloat16' for a torch dtype, a cutlass type or a string."""
+    name = getattr(dtype, "__name__", None) or str(dtype)
+    name = name.replace("torch.", "").lower()
+    if name in _DTYPE_ALIASES:
+        return _DTYPE_ALIASES[name]
+    raise ValueError(f"dtype must be float16 or bfloat16, got {dtype!r}")
+
+
+def _require_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One CTA's tiling of the attention forward pass.
+
+    head_dim:    D of Q/K/V, a multiple of 8 up to 256.
+    block_m:     query rows per CTA (Br, kBlockM); warps split them along M.
+    block_n:     key/value rows per round (Bc, kBlockN).
+    num_threads: threads per CTA, a multiple of 32.
+    dtype:       'float16' or 'bfloat16' (anything `canonical_dtype` accepts).
+    """
+
+    head_dim: int = 64
+    block_m: int = 64
+    block_n: int = 64
+    num_threads: int = 128
+    dtype: str = "float16"
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        d = _require_int("head_dim", self.head_dim)
+        if d <= 0 or d % 8 or d > MAX_HEAD_DIM:
+            raise ValueError(
+                f"head_dim must be a multiple of 8 in [8, {MAX_HEAD_DIM}], got {d}"
+            )
+        nt = _require_int("num_threads", self.num_threads)
+        if nt <= 0 or nt % WARP_SIZE or nt > 1024:
+            raise ValueError(
+                f"num_threads must be a positive multiple of {WARP_SIZE} up to 1024, got {nt}"
+            )
+        bm = _require_int("block_m", self.block_m)
+        rows_per_mma_tile = MMA_M * self.num_warps
+        if bm <= 0 or bm % rows_per_mma_tile:
+            raise ValueError(
+                f"block_m must be a positive multiple of 16 * num_warps = {rows_per_mma_tile} "
+                f"(warps split the query rows in 16-row MMA slabs), got {bm}"
+            )
+        bn = _require_int("block_n", self.block_n)
+        if bn <= 0 or bn % 16:
+            raise ValueError(
+                f"block_n must be a positive multiple of 16 (the MMA K of P@V and "
+                f"the N tile of Q@K^T), got {bn}"
+            )
+        rows = self.copy_rows_per_pass
+        if rows > nt:
+            raise ValueError(f"num_threads={nt} is too few for one copy pass")
+        for name, value in (("block_m", bm), ("block_n", bn)):
+            if value % rows:
+                raise ValueError(
+                    f"{name} must be a multiple of {rows}: {nt} threads copy {rows} rows "
+                    f"of a {self.head_dim_padded}-wide tile per pass, got {value}"
+                )
+
+    @property
+    def num_warps(self) -> int:
+        return self.num_threads // WARP_SIZE
+
+    @property
+    def elem_bytes(self) -> int:
+        return 2
+
+    @property
+    def head_dim_padded(self) -> int:
+        """head_dim rounded up to the MMA K (16): the width of the smem tiles.
+
+        Columns past head_dim are zero-filled in smem and never stored.
+        """
+        return -(-self.head_dim // MMA_K) * MMA_K
+
+    @property
+    def vector_elems(self) -> int:
+        """Elements in one 128-bit copy: 8 for fp16/bf16."""
+        return COPY_BITS // (8 * self.elem_bytes)
+
+    @property
+    def smem_atom_cols(self) -> int:
+        """Width of the swizzle atom: 64 (128 B rows), 32 or 16 elements."""
+        for width in (64, 32, 16):
+            if self.head_dim_padded % width == 0:
+                return width
+        raise AssertionError("head_dim_padded is a multiple of 16")
+
+    @property
+    def swizzle_bits(self) -> int:
+        """B of Swizzle<B,3,3>: log2 of the 16-byte chunks in one atom row."""
+        return (self.smem_atom_cols // self.vector_elems).bit_length() - 1
+
+    @property
+    def copy_threads_per_row(self) -> int:
+        return self.smem_atom_cols // self.vector_elems
+
+    @property
+    def copy_rows_per_pass(self) -> int:
+        return self.num_threads // self.copy_threads_per_row
+
+    def smem_bytes(self, kv_stages: int = 1) -> int:
+        """Shared memory of Q plus `kv_stages` K and V tiles (O reuses Q)."""
+        q = self.block_m * self.head_dim_padded
+        kv = 2 * kv_stages * self.block_n * self.head_dim_padded
+        return (q + kv) * self.elem_bytes

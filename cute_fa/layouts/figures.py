@@ -1,0 +1,125 @@
+"""Pictures of the layouts, drawn from `FlashLayouts` (matplotlib, imported lazily).
+
+* `ownership_grid`: which thread holds each element of an operand tile.
+* `swizzle_bank_map`: where each 16-byte chunk of a tile lands among the 8
+  bank groups of a 128-byte shared-memory line, with and without the swizzle.
+* `copy_map`: which thread copies each 16-byte chunk gmem->smem.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import WARP_SIZE
+
+_OPERANDS = {
+    # name: (table, shape(config) -> (rows, cols), axis labels)
+    "S": ("S", lambda c: (c.block_m, c.block_n), ("query", "key")),
+    "O": ("O", lambda c: (c.block_m, c.head_dim_padded), ("query", "d")),
+    "Q": ("Q", lambda c: (c.block_m, c.head_dim_padded), ("query", "d")),
+    "K": ("K", lambda c: (c.block_n, c.head_dim_padded), ("key", "d")),
+    "V": ("V", lambda c: (c.block_n, c.head_dim_padded), ("key", "d")),
+}
+
+
+def owner_map(layouts, operand: str = "S", warp: int | None = None):
+    """(owner, slot) arrays over the operand tile; -1 where nobody (of `warp`) holds it.
+
+    K and V fragments are held by every warp (each warp needs all keys): pass
+    `warp` to pick one; Q, S and O are split between warps.
+    """
+    if operand not in _OPERANDS:
+        raise ValueError(f"operand must be one of {sorted(_OPERANDS)}, got {operand!r}")
+    table, shape_fn, _ = _OPERANDS[operand]
+    cfg = layouts.config
+    coords = layouts._t["tables"][table]
+    if warp is None and operand in ("K", "V"):
+        warp = 0
+    owner = np.full(shape_fn(cfg), -1, dtype=np.int64)
+    slot = np.full(shape_fn(cfg), -1, dtype=np.int64)
+    for tid in range(cfg.num_threads):
+        if warp is not None and tid // WARP_SIZE != warp:
+            continue
+        for i, (r, c) in enumerate(coords[tid]):
+            owner[r, c] = tid
+            slot[r, c] = i
+    return owner, slot
+
+
+def ownership_grid(layouts, operand: str = "S", rows=(0, 16), cols=(0, 8), warp=None,
+                   annotate: bool | None = None, ax=None):
+    """Colour each element of `operand` by the lane that holds it; label it 'T<tid>' / 'v<slot>'."""
+    import matplotlib.pyplot as plt
+
+    owner, slot = owner_map(layouts, operand, warp)
+    r0, r1 = rows
+    c0, c1 = cols
+    owner, slot = owner[r0:r1, c0:c1], slot[r0:r1, c0:c1]
+    if annotate is None:
+        annotate = owner.size <= 256
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(4, 0.55 * (c1 - c0) + 1), max(3, 0.45 * (r1 - r0) + 1)))
+    lane = np.where(owner >= 0, owner % WARP_SIZE, np.nan)
+    ax.imshow(lane, cmap="tab20", vmin=0, vmax=WARP_SIZE - 1, interpolation="nearest",
+              extent=(c0 - 0.5, c1 - 0.5, r1 - 0.5, r0 - 0.5))
+    if annotate:
+        for (i, j), t in np.ndenumerate(owner):
+            if t >= 0:
+                ax.text(c0 + j, r0 + i, f"T{t}\nv{slot[i, j]}", ha="center", va="center",
+                        fontsize=6)
+    _, _, labels = _OPERANDS[operand]
+    ax.set_ylabel(labels[0])
+    ax.set_xlabel(labels[1])
+    ax.set_title(f"{operand}: owner thread (colour = lane)" + (" and register slot" if annotate else ""))
+    return ax
+
+
+def bank_group(offset_elems, elem_bytes: int = 2):
+    """Which 16-byte quarter-bank group (0..7) of a 128-byte line an element offset falls in."""
+    return (np.asarray(offset_elems) * elem_bytes // 16) % 8
+
+
+def swizzle_bank_map(layouts, tensor: str = "Q", rows: int = 8, ax=None):
+    """Bank group of every 16-byte chunk of the first `rows` rows, unswizzled vs swizzled."""
+    import matplotlib.pyplot as plt
+
+    cfg = layouts.config
+    table = layouts.swizzle_table(tensor)[:rows]
+    chunks = table[:, :: cfg.vector_elems]
+    plain = np.arange(table.shape[1])[None, :: cfg.vector_elems] + 0 * chunks
+    swz = bank_group(chunks, cfg.elem_bytes)
+    raw = bank_group(plain, cfg.elem_bytes)
+    if ax is None:
+        _, ax = plt.subplots(1, 2, figsize=(2 + 0.5 * chunks.shape[1] * 2, 1 + 0.45 * rows))
+    for a, groups, title in ((ax[0], raw, "row-major"), (ax[1], swz, "swizzled")):
+        a.imshow(groups, cmap="tab10", vmin=0, vmax=9, interpolation="nearest")
+        for (i, j), g in np.ndenumerate(groups):
+            a.text(j, i, str(g), ha="center", va="center", fontsize=8)
+        a.set_xlabel(f"16-byte chunk (columns {cfg.vector_elems}j..{cfg.vector_elems}j+"
+                     f"{cfg.vector_elems - 1})")
+        a.set_ylabel("row")
+        a.set_title(f"{tensor}: bank group, {title}")
+    return ax
+
+
+def copy_map(layouts, tensor: str = "Q", rows=None, ax=None):
+    """The thread that copies each 16-byte chunk of a Q/K/V tile gmem->smem."""
+    import matplotlib.pyplot as plt
+
+    cfg = layouts.config
+    n_rows = cfg.block_m if tensor == "Q" else cfg.block_n
+    rows = rows or n_rows
+    grid = np.full((rows, cfg.head_dim_padded // cfg.vector_elems), -1)
+    for tid in range(cfg.num_threads):
+        for r, c in layouts.copy_coords(tid, tensor):
+            if r < rows:
+                grid[r, c // cfg.vector_elems] = tid
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1 + 0.6 * grid.shape[1], 1 + 0.25 * rows))
+    ax.imshow(grid % 20, cmap="tab20", interpolation="nearest", aspect="auto")
+    for (i, j), t in np.ndenumerate(grid):
+        ax.text(j, i, str(t), ha="center", va="center", fontsize=6)
+    ax.set_xlabel(f"16-byte chunk of the row ({cfg.vector_elems} elements)")
+    ax.set_ylabel("row")
+    ax.set_title(f"{tensor}: cp.async thread of each chunk")
+    return ax

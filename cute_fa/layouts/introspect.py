@@ -1,0 +1,354 @@
+"""Host-side introspection of the layouts the kernels run: who holds what.
+
+`FlashLayouts` traces the builders of this package once per configuration (on
+the CPU, no GPU needed), partitions identity tensors through the very
+TiledMMA / TiledCopy objects a kernel uses, and keeps the answers as arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import numpy as np
+
+from .config import WARP_SIZE, TileConfig
+
+
+def _collect(cfg: TileConfig) -> dict:
+    """Trace the builders for `cfg` and read every per-thread partition."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from . import _read, copies, mma as mma_mod, smem
+    from ._types import cutlass_dtype
+
+    out: dict = {}
+
+    def read_all():
+        bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
+        tiled_mma = mma_mod.tiled_mma(cfg)
+        g2s = copies.gmem_tiled_copy_qkv(cfg)
+        s2r = {
+            "Q": copies.smem_tiled_copy_q(cfg, tiled_mma),
+            "K": copies.smem_tiled_copy_k(cfg, tiled_mma),
+            "V": copies.smem_tiled_copy_v(cfg, tiled_mma),
+        }
+        cQ = cute.make_identity_tensor((bm, dp))
+        cKV = cute.make_identity_tensor((bn, dp))
+        cS = cute.make_identity_tensor((bm, bn))
+        cVt = cute.make_identity_tensor((dp, bn))
+
+        def coords(t):
+            return _read.coordinates(t, 2)
+
+        tables = {name: [] for name in ("Q", "K", "S", "V", "O", "PV_A", "copy_Q", "copy_KV",
+                                        "ldsm_Q", "ldsm_K", "ldsm_V")}
+        for tid in range(cfg.num_threads):
+            thr = tiled_mma.get_slice(tid)
+            tables["Q"].append(coords(thr.partition_A(cQ)))
+            tables["K"].append(coords(thr.partition_B(cKV)))
+            tables["S"].append(coords(thr.partition_C(cS)))
+            tables["V"].append(coords(thr.partition_B(cVt))[:, ::-1])  # (d,key) -> (key,d)
+            tables["O"].append(coords(thr.partition_C(cQ)))
+            tables["PV_A"].append(coords(thr.partition_A(cS)))
+            g = g2s.get_slice(tid)
+            tables["copy_Q"].append(coords(g.partition_S(cQ)))
+            tables["copy_KV"].append(coords(g.partition_S(cKV)))
+            tables["ldsm_Q"].append(coords(s2r["Q"].get_slice(tid).partition_S(cQ)))
+            tables["ldsm_K"].append(coords(s2r["K"].get_slice(tid).partition_S(cKV)))
+            tables["ldsm_V"].append(coords(s2r["V"].get_slice(tid).partition_S(cVt))[:, ::-1])
+        out["tables"] = {k: np.stack(v) for k, v in tables.items()}
+        # A few elements read through the DSL's own indexing, so tests can check
+        # the numpy evaluation of the same partitions against it.
+        samples = {}
+        for tid in (0, 37 % cfg.num_threads, cfg.num_threads - 1):
+            thr = tiled_mma.get_slice(tid)
+            for name, t in (("Q", thr.partition_A(cQ)), ("K", thr.partition_B(cKV)),
+                            ("S", thr.partition_C(cS)), ("copy_Q", g2s.get_slice(tid).partition_S(cQ)),
+                            ("ldsm_K", s2r["K"].get_slice(tid).partition_S(cKV))):
+                samples[name, tid] = [tuple(int(x) for x in t[i]) for i in range(8)]
+        out["dsl_samples"] = samples
+
+        dtype = cutlass_dtype(cfg.dtype)
+        tCrQ = cute.make_rmem_tensor(tiled_mma.partition_shape_A((bm, dp)), dtype)
+        tCrK = cute.make_rmem_tensor(tiled_mma.partition_shape_B((bn, dp)), dtype)
+        tCrS = cute.make_rmem_tensor(tiled_mma.partition_shape_C((bm, bn)), cutlass.Float32)
+        tOrVt = cute.make_rmem_tensor(tiled_mma.partition_shape_B((dp, bn)), dtype)
+        tOrO = cute.make_rmem_tensor(tiled_mma.partition_shape_C((bm, dp)), cutlass.Float32)
+        views = {
+            "tCrQ": tCrQ.layout,
+            "tCrK": tCrK.layout,
+            "tCrS": tCrS.layout,
+            "tXrQ": s2r["Q"].get_slice(0).retile(tCrQ).layout,
+            "tXrK": s2r["K"].get_slice(0).retile(tCrK).layout,
+            "tOrVt": tOrVt.layout,
+            "tXrVt": s2r["V"].get_slice(0).retile(tOrVt).layout,
+            "tOrP": mma_mod.acc_to_a_layout(tCrS.layout),
+            "tOrO": tOrO.layout,
+        }
+        out["fragments"] = {k: _read.mode_sizes(v) for k, v in views.items()}
+        out["fragment_layouts"] = {k: str(v) for k, v in views.items()}
+        rowcol = mma_mod.acc_rowcol_layout(tCrS.layout)
+        out["s_rowcol"] = (_read.nested(rowcol.shape), _read.nested(rowcol.stride))
+        n_rows = _read.mode_sizes(rowcol)[0]
+        out["s_rowcol_index"] = _read.indices(rowcol).reshape((n_rows, -1), order="F")
+        out["p_index"] = _read.indices(views["tOrP"])
+        o_rowcol = mma_mod.acc_rowcol_layout(tOrO.layout)
+        out["o_rowcol_index"] = _read.indices(o_rowcol).reshape((n_rows, -1), order="F")
+        out["reduce_offsets"] = mma_mod.row_reduce_offsets(tiled_mma)
+
+        out["swizzle"] = {}
+        for name, shape in (("Q", (bm, dp)), ("KV", (bn, dp))):
+            layout = smem.smem_layout(cfg, name[0])
+            out["swizzle"][name] = np.array(
+                [[layout((r, c)) for c in range(shape[1])] for r in range(shape[0])],
+                dtype=np.int64,
+            )
+            out["cosize_" + name] = int(cute.cosize(layout))
+        out["swizzle_atom"] = str(smem.smem_layout_atom(cfg))
+
+    @cute.jit
+    def trace():
+        read_all()
+
+    trace()
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _tables_for(cfg: TileConfig) -> dict:
+    return _collect(cfg)
+
+
+_OPS = {"max": max, "sum": operator.add}
+
+
+def _fmt_list(values, limit=None) -> str:
+    values = [int(v) for v in values]
+    if limit is not None and len(values) > limit:
+        return ",".join(map(str, values[:limit])) + ",…," + ",".join(map(str, values[-2:]))
+    return ",".join(map(str, values))
+
+
+class FlashLayouts:
+    """Which tile elements each thread copies, holds and combines.
+
+    Defaults are the walkthrough's configuration: fp16, d=64, a 64x64 tile,
+    4 warps (128 threads). Coordinates are tile-local: add 64*m_block to a
+    query and 64*n_block to a key for the global position.
+    """
+
+    def __init__(self, head_dim=64, block_m=64, block_n=64, num_threads=128, dtype="float16"):
+        self.config = TileConfig(head_dim=head_dim, block_m=block_m, block_n=block_n,
+                                 num_threads=num_threads, dtype=dtype)
+
+    def __repr__(self):
+        c = self.config
+        return (f"FlashLayouts(head_dim={c.head_dim}, block_m={c.block_m}, block_n={c.block_n}, "
+                f"num_threads={c.num_threads}, dtype={c.dtype})")
+
+    @property
+    def _t(self) -> dict:
+        return _tables_for(self.config)
+
+    def _check_tid(self, tid) -> int:
+        if isinstance(tid, bool) or not isinstance(tid, (int, np.integer)):
+            raise TypeError(f"tid must be an int, got {tid!r}")
+        if not 0 <= tid < self.config.num_threads:
+            raise ValueError(f"tid must be in [0, {self.config.num_threads}), got {tid}")
+        return int(tid)
+
+    def _pairs(self, table: str, tid) -> list:
+        return [tuple(int(x) for x in rc) for rc in self._t["tables"][table][self._check_tid(tid)]]
+
+    def smem_offset(self, tensor: str, row: int, col: int) -> int:
+        """Element offset of logical (row, col) of the 'Q', 'K', 'V' or 'O' tile after swizzle."""
+        if tensor not in ("Q", "K", "V", "O"):
+            raise ValueError(f"tensor must be one of 'Q', 'K', 'V', 'O', got {tensor!r}")
+        table = self._t["swizzle"]["Q" if tensor in ("Q", "O") else "KV"]
+        rows, cols = table.shape
+        if not (0 <= row < rows):
+            raise ValueError(f"row must be in [0, {rows}) for {tensor}, got {row}")
+        if not (0 <= col < cols):
+            raise ValueError(f"col must be in [0, {cols}) for {tensor}, got {col}")
+        return int(table[row, col])
+
+    def swizzle_table(self, tensor: str = "Q") -> np.ndarray:
+        """(rows, cols) array of element offsets of one tile after swizzle."""
+        if tensor not in ("Q", "K", "V", "O"):
+            raise ValueError(f"tensor must be one of 'Q', 'K', 'V', 'O', got {tensor!r}")
+        return self._t["swizzle"]["Q" if tensor in ("Q", "O") else "KV"].copy()
+
+    def copy_coords(self, tid: int, tensor: str = "Q") -> list:
+        """Every (row, col) of a Q/K/V tile that `tid` copies gmem->smem, ascending.
+
+        Columns from head_dim up to the padded width are zero-filled, not copied.
+        """
+        if tensor not in ("Q", "K", "V"):
+            raise ValueError(f"tensor must be one of 'Q', 'K', 'V', got {tensor!r}")
+        pairs = self._pairs("copy_Q" if tensor == "Q" else "copy_KV", tid)
+        return sorted(p for p in pairs if p[1] < self.config.head_dim)
+
+    def ldmatrix_coords(self, tid: int, tensor: str = "Q") -> list:
+        """(row, col) of the smem tile whose row addresses `tid` feeds to ldmatrix, in copy order.
+
+        For V the tile is (key, d), read transposed.
+        """
+        if tensor not in ("Q", "K", "V"):
+            raise ValueError(f"tensor must be one of 'Q', 'K', 'V', got {tensor!r}")
+        return self._pairs("ldsm_" + tensor, tid)
+
+    def q_coords(self, tid: int) -> list:
+        """(query, d) of the A fragment of Q@K^T held by `tid`, in register-slot order."""
+        return self._pairs("Q", tid)
+
+    def k_coords(self, tid: int) -> list:
+        """(key, d) of the B fragment of Q@K^T held by `tid`, in register-slot order."""
+        return self._pairs("K", tid)
+
+    def s_coords(self, tid: int) -> list:
+        """(query, key) of each S accumulator slot of `tid`, in register-slot order."""
+        return self._pairs("S", tid)
+
+    def v_coords(self, tid: int) -> list:
+        """(key, d) of the B fragment of P@V held by `tid`, in register-slot order."""
+        return self._pairs("V", tid)
+
+    def o_coords(self, tid: int) -> list:
+        """(query, d) of each O accumulator slot of `tid`, in register-slot order."""
+        return self._pairs("O", tid)
+
+    def p_coords(self, tid: int) -> list:
+        """(query, key) of each A-operand slot of P@V, read through the S->A register view."""
+        s = self._t["tables"]["S"][self._check_tid(tid)]
+        return [tuple(int(x) for x in s[i]) for i in self._t["p_index"]]
+
+    def pv_a_coords(self, tid: int) -> list:
+        """(query, key) the TiledMMA expects in each A slot of P@V (its own partition_A)."""
+        return self._pairs("PV_A", tid)
+
+    def s_rowcol(self, tid: int) -> list:
+        """The accumulator's row view: for each of `tid`'s rows, (query, [keys in column order])."""
+        s = self._t["tables"]["S"][self._check_tid(tid)]
+        index = self._t["s_rowcol_index"]
+        return [(int(s[row[0], 0]), [int(s[i, 1]) for i in row]) for row in index]
+
+    @property
+    def s_rowcol_layout(self) -> tuple:
+        """(shape, stride) of the S accumulator's (row, col) view, as CuTe prints it."""
+        return self._t["s_rowcol"]
+
+    @property
+    def fragment_shapes(self) -> dict:
+        """Top-level mode sizes of each per-thread register tensor (the walkthrough's table 12)."""
+        return dict(self._t["fragments"])
+
+    @property
+    def fragment_layouts(self) -> dict:
+        return dict(self._t["fragment_layouts"])
+
+    @property
+    def reduce_offsets(self) -> tuple:
+        """XOR offsets of the row all-reduce, in shuffle order."""
+        return self._t["reduce_offsets"]
+
+    def quad_partners(self, tid: int) -> list:
+        """Threads (in `tid`'s warp) whose values `tid` combines in a row reduction, in shuffle order."""
+        tid = self._check_tid(tid)
+        return [tid ^ off for off in self.reduce_offsets]
+
+    def reduce_group(self, tid: int) -> list:
+        """All threads holding the same accumulator rows as `tid` (its quad), ascending."""
+        tid = self._check_tid(tid)
+        group = {tid}
+        for off in self.reduce_offsets:
+            group |= {t ^ off for t in group}
+        return sorted(group)
+
+    def allreduce_steps(self, local: dict, op: str = "max") -> list:
+        """Butterfly all-reduce of per-thread values, as the kernel's shuffles run it.
+
+        `local` maps each thread of one reduce group to its value. Returns the
+        values after each step: [local, after XOR offsets[0], after XOR offsets[1], ...].
+        """
+        if op not in _OPS:
+            raise ValueError(f"op must be 'max' or 'sum', got {op!r}")
+        fn = _OPS[op]
+        state = dict(local)
+        steps = [dict(state)]
+        for off in self.reduce_offsets:
+            state = {t: fn(state[t], state[t ^ off]) for t in state}
+            steps.append(dict(state))
+        return steps
+
+    def reduce_steps(self, row_values, tid: int = 0, op: str = "max") -> list:
+        """Reduce one S row laid out across `tid`'s quad: thread-local first, then shuffles.
+
+        `row_values[k]` is the score of key k (tile-local) for one of the rows
+        that `tid`'s group holds.
+        """
+        row_values = list(row_values)
+        if len(row_values) != self.config.block_n:
+            raise ValueError(f"row_values must have block_n={self.config.block_n} entries")
+        if op not in _OPS:
+            raise ValueError(f"op must be 'max' or 'sum', got {op!r}")
+        local = {}
+        for t in self.reduce_group(tid):
+            keys = self.s_rowcol(t)[0][1]
+            local[t] = functools.reduce(_OPS[op], (row_values[k] for k in keys))
+        return self.allreduce_steps(local, op)
+
+    def causal_keep(self, tid: int, m_block: int = 0, n_block: int = 0) -> dict:
+        """Keys each of `tid`'s queries keeps under top-left causal masking (key <= query).
+
+        Global positions: query = block_m*m_block + row, key = block_n*n_block + col.
+        """
+        from ..kernels.mask import key_visible
+
+        c = self.config
+        keep: dict = {}
+        for query, keys in self.s_rowcol(tid):
+            q = c.block_m * m_block + query
+            ks = [c.block_n * n_block + k for k in keys]
+            keep[q] = [k for k in ks if key_visible(q, k, causal=True, causal_offset=0)]
+        return keep
+
+    def describe_lane(self, tid: int) -> str:
+        """A human-readable account of what `tid` holds and whom it talks to."""
+        tid = self._check_tid(tid)
+        rows = self.s_rowcol(tid)
+        queries = [q for q, _ in rows]
+        keys = rows[0][1]
+        partners = [t % WARP_SIZE for t in self.quad_partners(tid)]
+        o_dims = sorted({d for _, d in self.o_coords(tid) if d < self.config.head_dim})
+        copy = self.copy_coords(tid)
+        copy_rows = sorted({r for r, _ in copy})
+        copy_cols = sorted({c for _, c in copy})
+        warp, lane = divmod(tid, WARP_SIZE)
+        lines = [
+            f"thread {tid} (warp {warp}, lane {lane}) holds query {_join_and(queries)}, "
+            f"keys {_fmt_list(keys)}, talks to lanes {_join_and(partners)}",
+            f"  Q@K^T  A (Q):  {len(self.q_coords(tid))} values, queries {_join_and(queries)} x "
+            f"d {_fmt_list(sorted({d for _, d in self.q_coords(tid)}), 8)}",
+            f"  Q@K^T  B (K):  {len(self.k_coords(tid))} values, keys "
+            f"{_fmt_list(sorted({k for k, _ in self.k_coords(tid)}), 8)}",
+            f"  S accumulator: {len(self.s_coords(tid))} floats, first slots "
+            + " ".join(str(p) for p in self.s_coords(tid)[:4]),
+            f"  P@V    B (V):  {len(self.v_coords(tid))} values, keys "
+            f"{_fmt_list(sorted({k for k, _ in self.v_coords(tid)}), 8)}",
+            f"  O accumulator: {len(self.o_coords(tid))} floats, queries {_join_and(queries)} x "
+            f"d {_fmt_list(o_dims, 8)}",
+            f"  row max/sum:   shuffles XOR {_join_and(self.reduce_offsets)} "
+            f"with lanes {_join_and(partners)} (threads {self.reduce_group(tid)})",
+            f"  cp.async:      rows {_fmt_list(copy_rows)}, cols {copy_cols[0]}..{copy_cols[-1]} "
+            f"of every Q/K/V tile ({len(copy)} elements)",
+        ]
+        return "\n".join(lines)
+
+
+def _join_and(values) -> str:
+    values = [str(int(v)) for v in values]
+    if len(values) <= 1:
+        return "".join(values)
+    return ", ".join(values[:-1]) + " and " + values[-1]

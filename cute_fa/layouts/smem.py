@@ -1,0 +1,51 @@
+"""Swizzled shared-memory layouts for the Q, K, V and O tiles.
+
+One swizzle atom is 8 rows of `smem_atom_cols` elements (128 bytes for a
+64-wide atom). Swizzle<B,3,3> XORs the row's low B bits into the index of the
+16-byte chunk, so the 8 rows that one ldmatrix reads land in 8 different bank
+groups, while each 16-byte chunk stays contiguous for cp.async.
+For d=64 this is the walkthrough's `composition(Swizzle<3,3,3>, (8,64):(64,1))`:
+offset(r, c) = 64*r + (c XOR 8*(r % 8)).
+"""
+
+import cutlass.cute as cute
+
+from .config import TileConfig
+
+
+def smem_layout_atom(cfg: TileConfig):
+    cols = cfg.smem_atom_cols
+    return cute.make_composed_layout(
+        cute.make_swizzle(cfg.swizzle_bits, 3, 3),
+        0,
+        cute.make_layout((8, cols), stride=(cols, 1)),
+    )
+
+
+def smem_layout_q(cfg: TileConfig):
+    """(block_m, head_dim_padded) -> element offset; also the layout of sO."""
+    return cute.tile_to_shape(smem_layout_atom(cfg), (cfg.block_m, cfg.head_dim_padded), (0, 1))
+
+
+def smem_layout_kv(cfg: TileConfig):
+    """(block_n, head_dim_padded) -> element offset, for one K or V stage."""
+    return cute.tile_to_shape(smem_layout_atom(cfg), (cfg.block_n, cfg.head_dim_padded), (0, 1))
+
+
+smem_layout_o = smem_layout_q
+
+
+def transposed_v(sV, cfg: TileConfig):
+    """sVt(d, key): the same smem as sV(key, d), read as the B operand of P@V."""
+    return cute.composition(
+        sV,
+        cute.make_layout((cfg.head_dim_padded, cfg.block_n), stride=(cfg.block_n, 1)),
+    )
+
+
+def smem_layout(cfg: TileConfig, tensor: str):
+    """The layout of one named tile: 'Q', 'K', 'V' or 'O'."""
+    builders = {"Q": smem_layout_q, "O": smem_layout_o, "K": smem_layout_kv, "V": smem_layout_kv}
+    if tensor not in builders:
+        raise ValueError(f"tensor must be one of 'Q', 'K', 'V', 'O', got {tensor!r}")
+    return builders[tensor](cfg)

@@ -1,0 +1,63 @@
+"""Invalid configurations raise ValueError naming the parameter."""
+
+import pytest
+
+from cute_fa.layouts import FlashLayouts, TileConfig
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(head_dim=60), "head_dim"),
+    (dict(head_dim=264), "head_dim"),
+    (dict(head_dim=0), "head_dim"),
+    (dict(head_dim=64.0), "head_dim"),
+    (dict(num_threads=100), "num_threads"),
+    (dict(num_threads=0), "num_threads"),
+    (dict(block_m=48), "block_m"),            # not a multiple of 16 * 4 warps
+    (dict(block_m=64, num_threads=256), "block_m"),
+    (dict(block_n=40), "block_n"),
+    (dict(dtype="float32"), "dtype"),
+    (dict(dtype="int8"), "dtype"),
+    (dict(head_dim=40, block_n=32), "block_n"),  # 16-wide atom: 64 rows per copy pass
+])
+def test_invalid_config(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        TileConfig(**kwargs)
+    with pytest.raises(ValueError, match=name):
+        FlashLayouts(**kwargs)
+
+
+def test_torch_dtypes_accepted():
+    import torch
+
+    assert FlashLayouts(dtype=torch.bfloat16).config.dtype == "bfloat16"
+    assert FlashLayouts(dtype=torch.float16).config.dtype == "float16"
+    with pytest.raises(ValueError, match="dtype"):
+        FlashLayouts(dtype=torch.float32)
+
+
+def test_bad_arguments(walkthrough):
+    with pytest.raises(ValueError, match="tid"):
+        walkthrough.s_coords(128)
+    with pytest.raises(TypeError, match="tid"):
+        walkthrough.s_coords("0")
+    with pytest.raises(ValueError, match="tensor"):
+        walkthrough.smem_offset("X", 0, 0)
+    with pytest.raises(ValueError, match="row"):
+        walkthrough.smem_offset("Q", 64, 0)
+    with pytest.raises(ValueError, match="col"):
+        walkthrough.smem_offset("K", 0, 64)
+    with pytest.raises(ValueError, match="op"):
+        walkthrough.allreduce_steps({0: 1}, op="min")
+    with pytest.raises(ValueError, match="row_values"):
+        walkthrough.reduce_steps([1, 2, 3])
+
+
+def test_import_is_cheap():
+    import subprocess
+    import sys
+
+    code = ("import sys, cute_fa; "
+            "assert 'cutlass' not in sys.modules, 'import cute_fa imported the CuTe DSL'; "
+            "print(cute_fa.__version__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
