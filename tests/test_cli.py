@@ -42,6 +42,6 @@ def test_default_command_prints_tour_without_gpu():
         pytest.skip("this checks the CPU-only path")
     out = run()
     assert out.returncode == 0, out.stderr
-    assert "no CUDA GPU" in out.stdout
+    assert "no CUDA GPU here" in out.stdout
     assert "warp 3: threads 96..127, queries 48..63" in out.stdout
     assert "(1,0): row-major    64 -> swizzled 72" in out.stdout

@@ -17,7 +17,7 @@ from cute_fa.layouts import FlashLayouts, TileConfig
     (dict(block_n=40), "block_n"),
     (dict(dtype="float32"), "dtype"),
     (dict(dtype="int8"), "dtype"),
-    (dict(head_dim=40, block_n=32), "block_n"),  # 16-wide atom: 64 rows per copy pass
+    (dict(head_dim=32, block_n=16), "block_n"),  # 32-wide atom: 32 rows per copy pass
 ])
 def test_invalid_config(kwargs, name):
     with pytest.raises(ValueError, match=name):

@@ -9,7 +9,7 @@ from cute_fa.layouts import FlashLayouts
 
 CONFIGS = [
     dict(head_dim=32, block_m=64, block_n=64, num_threads=128),
-    dict(head_dim=40, block_m=64, block_n=64, num_threads=128),   # padded to 48: 16-wide atom
+    dict(head_dim=40, block_m=64, block_n=64, num_threads=128),   # padded to 64: zero-filled tail
     dict(head_dim=96, block_m=64, block_n=32, num_threads=128, dtype="bfloat16"),
     dict(head_dim=128, block_m=128, block_n=64, num_threads=256),  # 8 warps
     dict(head_dim=256, block_m=128, block_n=32, num_threads=256, dtype="bfloat16"),
@@ -64,7 +64,7 @@ def test_copy_covers_tile_once(lay, tensor):
     # and each thread copies whole 16-byte runs: 8 consecutive columns from a multiple of 8
     for t in range(c.num_threads):
         runs = Counter((r, col // 8) for r, col in lay.copy_coords(t, tensor))
-        assert set(runs.values()) == {8}
+        assert all(n == 8 for n in runs.values())  # (threads of padding columns copy nothing)
 
 
 @pytest.mark.parametrize("tensor", ["Q", "K"])

@@ -9,7 +9,7 @@ CONFIGS = [
     TileConfig(dtype="bfloat16"),
     TileConfig(head_dim=32),
     TileConfig(head_dim=128, block_m=128, block_n=64, num_threads=256, dtype="bfloat16"),
-    TileConfig(head_dim=48, block_m=64, block_n=64),
+    TileConfig(head_dim=96, block_m=64, block_n=64),
     TileConfig(head_dim=64, block_m=128, block_n=128),
 ]
 

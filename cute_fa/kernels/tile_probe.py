@@ -24,7 +24,7 @@ class TileProbe:
     def __init__(self, cfg: TileConfig):
         if cfg.head_dim != cfg.head_dim_padded:
             raise ValueError(
-                f"head_dim must be a multiple of 16 for the tile probe, got {cfg.head_dim}"
+                f"head_dim must be a multiple of 32 for the tile probe, got {cfg.head_dim}"
             )
         self.cfg = cfg
 

@@ -99,11 +99,12 @@ class TileConfig:
 
     @property
     def head_dim_padded(self) -> int:
-        """head_dim rounded up to the MMA K (16): the width of the smem tiles.
+        """head_dim rounded up to 32: the width of the smem tiles.
 
-        Columns past head_dim are zero-filled in smem and never stored.
+        A multiple of the MMA K (16) that also allows a swizzle atom of at least
+        64-byte rows. Columns past head_dim are zero-filled in smem and never stored.
         """
-        return -(-self.head_dim // MMA_K) * MMA_K
+        return -(-self.head_dim // 32) * 32
 
     @property
     def vector_elems(self) -> int:
@@ -112,11 +113,8 @@ class TileConfig:
 
     @property
     def smem_atom_cols(self) -> int:
-        """Width of the swizzle atom: 64 (128 B rows), 32 or 16 elements."""
-        for width in (64, 32, 16):
-            if self.head_dim_padded % width == 0:
-                return width
-        raise AssertionError("head_dim_padded is a multiple of 16")
+        """Width of the swizzle atom: 64 elements (128-byte rows), or 32 (64-byte rows)."""
+        return 64 if self.head_dim_padded % 64 == 0 else 32
 
     @property
     def swizzle_bits(self) -> int:

@@ -1,0 +1,160 @@
+"""Compiling kernels: keys, fake arguments, an in-memory and an on-disk cache, resources.
+
+A kernel is compiled once per `KernelKey` (arch, dtype, head_dim, causal, tile)
+with fake tensors whose batch, sequence and head extents and strides are
+symbolic, so a new shape never recompiles. Compiled kernels are kept in memory
+and exported as object files under the cache directory ($CUTE_FA_CACHE_DIR, by
+default ~/.cache/cute_fa), keyed by the key and a fingerprint of cute_fa's own
+sources and the DSL's version, so a new process starts warm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .layouts import TileConfig
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_EXPORT_NAME = "cute_fa_kernel"
+
+
+@dataclass(frozen=True)
+class KernelKey:
+    arch: str
+    causal: bool
+    tile: TileConfig
+
+    def digest(self) -> str:
+        text = repr((self.arch, self.causal, sorted(asdict(self.tile).items()), _fingerprint()))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+_fp_cache: list = []
+
+
+def _fingerprint() -> str:
+    """Hash of the sources that shape a kernel and of the DSL's version: stale objects never load."""
+    if not _fp_cache:
+        import cutlass
+
+        h = hashlib.sha256()
+        sources = [_PACKAGE_DIR / "compiler.py", *sorted((_PACKAGE_DIR / "layouts").glob("*.py")),
+                   *sorted((_PACKAGE_DIR / "kernels").glob("*.py"))]
+        for path in sources:
+            h.update(path.relative_to(_PACKAGE_DIR).as_posix().encode())
+            h.update(path.read_bytes())
+        h.update(str(getattr(cutlass, "__version__", "")).encode())
+        _fp_cache.append(h.hexdigest()[:16])
+    return _fp_cache[0]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("CUTE_FA_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "cute_fa")
+    return Path(root)
+
+
+def fake_arguments(key: KernelKey):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from .layouts._types import cutlass_dtype
+
+    dtype = cutlass_dtype(key.tile.dtype)
+    d = key.tile.head_dim
+
+    def qkvo():
+        stride = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
+        shape = (cute.sym_int(), cute.sym_int(), cute.sym_int(), d)
+        return make_fake_tensor(dtype, shape, stride=stride, assumed_align=16)
+
+    lse = make_fake_tensor(cutlass.Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
+                           stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+    return (qkvo(), qkvo(), qkvo(), qkvo(), lse, cutlass.Float32(1.0), cutlass.Int32(0),
+            make_fake_stream(use_tvm_ffi_env_stream=True))
+
+
+def compile_kernel(key: KernelKey, *, keep_ptx: bool = False):
+    """cute.compile the forward kernel for `key` (needs no GPU)."""
+    import cutlass.cute as cute
+
+    from .kernels.fwd_sm80 import FlashFwdSm80
+
+    with tempfile.TemporaryDirectory() as tmp:
+        options = f"--gpu-arch={key.arch} --enable-tvm-ffi"
+        if keep_ptx:
+            options += f" --keep-ptx --keep-cubin --dump-dir={tmp}"
+        return cute.compile(FlashFwdSm80(key.tile, key.causal), *fake_arguments(key),
+                            options=options)
+
+
+_memory: dict = {}
+_lock = threading.Lock()
+
+
+def get_kernel(key: KernelKey):
+    """The compiled kernel for `key`: from memory, else from disk, else compiled (and saved)."""
+    fn = _memory.get(key)
+    if fn is not None:
+        return fn
+    with _lock:
+        fn = _memory.get(key)
+        if fn is None:
+            fn = _load(key)
+            if fn is None:
+                compiled = compile_kernel(key)
+                _save(key, compiled)
+                fn = compiled
+            _memory[key] = fn
+    return fn
+
+
+def _object_path(key: KernelKey) -> Path:
+    return cache_dir() / f"{key.digest()}.o"
+
+
+def _load(key: KernelKey):
+    path = _object_path(key)
+    if not path.is_file():
+        return None
+    try:
+        import cutlass.cute as cute
+
+        module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
+        return getattr(module, _EXPORT_NAME)
+    except Exception:  # a truncated or foreign object: recompile and replace it
+        return None
+
+
+def _save(key: KernelKey, compiled) -> None:
+    path = _object_path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.o")
+        compiled.export_to_c(object_file_path=str(tmp), function_name=_EXPORT_NAME)
+        os.replace(tmp, path)
+    except Exception:  # an unwritable cache costs only the next process's compile
+        pass
+
+
+def ptxas_resources(ptx: str, arch: str) -> dict:
+    """Registers, spills and static shared memory of each kernel in `ptx`, from `ptxas -v`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        out = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True, check=True)
+    text = out.stderr + out.stdout
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", text)]
+    spill_st = [int(x) for x in re.findall(r"(\d+) bytes spill stores", text)]
+    spill_ld = [int(x) for x in re.findall(r"(\d+) bytes spill loads", text)]
+    return {"registers": max(regs), "spill_stores": sum(spill_st), "spill_loads": sum(spill_ld),
+            "log": text}

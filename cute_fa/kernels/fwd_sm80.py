@@ -1,0 +1,252 @@
+"""The sm80 FlashAttention-2 forward kernel: cp.async + ldmatrix + mma.sync m16n8k16.
+
+Split-Q: one CTA owns `block_m` query rows of one (batch, head); its warps split
+them in 16-row slabs; K and V stream through shared memory in `block_n`-row
+tiles while Q stays resident. Per K/V round (walked from the last key block
+down, so the blocks that need masking come first):
+
+    wait K[n], sync; start V[n] ........ V loads under Q@K^T
+    S = Q @ K[n]^T (ldmatrix + mma)
+    mask (only in the first rounds: sequence tail and causal diagonal)
+    wait V[n], sync; start K[n-1] ...... K loads under softmax and P@V
+    online softmax on S's row view (quad shuffles, exp2 with the scale folded in)
+    O += P @ V[n], P straight from registers (the S->A view)
+
+then O is normalised, written through smem (reusing sQ) with 128-bit stores, and
+LSE is written. Every layout, copy and MMA comes from `cute_fa.layouts`.
+
+Tensors: Q, O (B, Sq, Hq, D); K, V (B, Sk, Hk, D); LSE (B, Hq, Sq) float32.
+Shapes and strides are dynamic (any sequence length, batch, head count or
+stride with a unit last stride), head_dim is static.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+
+from ..layouts import TileConfig, copies, mma as mma_mod, smem
+from ..layouts._types import cutlass_dtype
+from . import epilogue, mask
+from .softmax import OnlineSoftmax
+
+LOG2_E = math.log2(math.e)
+
+
+class FlashFwdSm80:
+    def __init__(self, cfg: TileConfig, causal: bool):
+        self.cfg = cfg
+        self.causal = causal
+        # Blocks that may need masking, counted from the last one: the sequence tail,
+        # and under causal every block the diagonal of a block_m-row slab can cross.
+        self.mask_steps = (-(-cfg.block_m // cfg.block_n) + 1) if causal else 1
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                 mLSE: cute.Tensor, softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32,
+                 stream):
+        cfg = self.cfg
+        dtype = cutlass_dtype(cfg.dtype)
+        sQ_layout = smem.smem_layout_q(cfg)
+        sKV_layout = smem.smem_layout_kv(cfg)
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], 1024]
+
+        grid = (cute.ceil_div(mQ.shape[1], cfg.block_m), cute.size(mQ.shape[2]),
+                cute.size(mQ.shape[0]))
+        self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset, sQ_layout,
+                    sKV_layout, SharedStorage).launch(
+            grid=grid, block=(cfg.num_threads, 1, 1), smem=SharedStorage.size_in_bytes(),
+            stream=stream)
+
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+               mLSE: cute.Tensor, scale_log2: cutlass.Float32, causal_offset: cutlass.Int32,
+               sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
+               SharedStorage: cutlass.Constexpr):
+        cfg = self.cfg
+        bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        seqlen_q = mQ.shape[1]
+        seqlen_k = mK.shape[1]
+        head_kv = head // (mQ.shape[2] // mK.shape[2])
+
+        # K/V tiles are walked from n_block_max - 1 down to 0
+        n_block_max = (seqlen_k + bn - 1) // bn
+        if cutlass.const_expr(self.causal):
+            last_key = mask.last_visible_key((m_block + 1) * bm - 1, causal_offset)
+            n_block_max = cutlass.min(n_block_max, (cutlass.max(last_key + 1, 0) + bn - 1) // bn)
+
+        gQ = cute.local_tile(mQ[batch, None, head, None], (bm, dp), (m_block, 0))
+        gK = cute.local_tile(mK[batch, None, head_kv, None], (bn, dp), (None, 0))
+        gV = cute.local_tile(mV[batch, None, head_kv, None], (bn, dp), (None, 0))
+        cQ = cute.local_tile(cute.make_identity_tensor((seqlen_q, cfg.head_dim)), (bm, dp),
+                             (m_block, 0))
+        cKV = cute.make_identity_tensor((bn, dp))
+
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout)
+        sK = storage.sK.get_tensor(sKV_layout)
+        sV = storage.sV.get_tensor(sKV_layout)
+        sVt = smem.transposed_v(sV, cfg)
+
+        g2s = copies.gmem_tiled_copy_qkv(cfg)
+        thr_g2s = g2s.get_slice(tidx)
+        tQgQ = thr_g2s.partition_S(gQ)
+        tQsQ = thr_g2s.partition_D(sQ)
+        tQcQ = thr_g2s.partition_S(cQ)
+        tKgK = thr_g2s.partition_S(gK)
+        tKsK = thr_g2s.partition_D(sK)
+        tVgV = thr_g2s.partition_S(gV)
+        tVsV = thr_g2s.partition_D(sV)
+        tKVcKV = thr_g2s.partition_S(cKV)
+
+        # Q: rows past seqlen_q are zeros
+        for m in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
+            if tQcQ[0, m, 0][0] < seqlen_q:
+                self._copy_row(g2s, tQgQ[None, m, None], tQsQ[None, m, None], tQcQ[None, m, None])
+            else:
+                tQsQ[None, m, None].fill(0.0)
+
+        tiled_mma = mma_mod.tiled_mma(cfg)
+        thr_mma = tiled_mma.get_slice(tidx)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
+        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, dp)), cutlass.Float32)
+        acc_O.fill(0.0)
+
+        s2r_q = copies.smem_tiled_copy_q(cfg, tiled_mma)
+        s2r_k = copies.smem_tiled_copy_k(cfg, tiled_mma)
+        s2r_v = copies.smem_tiled_copy_v(cfg, tiled_mma)
+        thr_s2r_q = s2r_q.get_slice(tidx)
+        thr_s2r_k = s2r_k.get_slice(tidx)
+        thr_s2r_v = s2r_v.get_slice(tidx)
+        ldsm = dict(
+            tSsQ=thr_s2r_q.partition_S(sQ), tSrQ_view=thr_s2r_q.retile(tSrQ),
+            tSsK=thr_s2r_k.partition_S(sK), tSrK_view=thr_s2r_k.retile(tSrK),
+            tOsVt=thr_s2r_v.partition_S(sVt), tOrVt_view=thr_s2r_v.retile(tOrVt),
+        )
+
+        cS = cute.make_identity_tensor((bm, bn))
+        tScS = thr_mma.partition_C(cS)
+        tScS_mn = cute.make_tensor(tScS.iterator, mma_mod.acc_rowcol_layout(tScS.layout))
+        acc_O_mn = cute.make_tensor(acc_O.iterator, mma_mod.acc_rowcol_layout(acc_O.layout))
+        offsets = mma_mod.row_reduce_offsets(tiled_mma)
+        softmax = OnlineSoftmax(cute.size(tScS_mn.shape[0]), scale_log2, offsets)
+
+        if n_block_max > 0:
+            self._load_kv(g2s, tKgK, tKsK, tKVcKV, n_block_max - 1, seqlen_k, True)
+        cute.arch.cp_async_commit_group()
+
+        args = (tiled_mma, thr_mma, g2s, tKgK, tKsK, tVgV, tVsV, tKVcKV, tSrQ, tSrK, tOrVt, ldsm,
+                s2r_q, s2r_k, s2r_v, acc_O, acc_O_mn, tScS_mn, softmax, m_block, seqlen_k,
+                causal_offset)
+        # first round: masked, nothing to rescale yet; then the other rounds that may
+        # need masking; then the unmasked rest
+        if n_block_max > 0:
+            self._round(n_block_max - 1, True, True, *args)
+        n_masked = cutlass.min(n_block_max, self.mask_steps)
+        for step in range(1, n_masked, 1):
+            self._round(n_block_max - 1 - step, False, True, *args)
+        for step in range(n_masked, n_block_max, 1):
+            n_block = n_block_max - 1 - step
+            self._round(n_block, False, False, *args)
+
+        lse = cute.make_rmem_tensor(cute.size(softmax.row_max), cutlass.Float32)
+        softmax.finalize(acc_O_mn, lse)
+        gO = cute.local_tile(mO[batch, None, head, None], (bm, dp), (m_block, 0))
+        epilogue.store_O(cfg, acc_O, tiled_mma, sQ, gO, cQ, seqlen_q, tidx)
+        quad_bits = sum(offsets)  # distinct powers of two
+        epilogue.store_LSE(lse, tScS_mn, mLSE[batch, head, None], m_block * bm, seqlen_q, tidx,
+                           quad_bits)
+
+    @cute.jit
+    def _copy_row(self, g2s: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
+                  coords: cute.Tensor):
+        """Copy one row-pass of a tile; the padding columns past head_dim become zeros."""
+        cfg = self.cfg
+        if cutlass.const_expr(cfg.head_dim == cfg.head_dim_padded):
+            cute.copy(g2s, src, dst)
+        else:
+            for k in cutlass.range_constexpr(cute.size(src.shape[1])):
+                if coords[0, k][1] < cfg.head_dim:
+                    cute.copy(g2s, src[None, k], dst[None, k])
+                else:
+                    dst[None, k].fill(0.0)
+
+    @cute.jit
+    def _load_kv(self, g2s: cute.TiledCopy, tXgX: cute.Tensor, tXsX: cute.Tensor,
+                 tKVcKV: cute.Tensor, n_block, seqlen_k, check_rows: cutlass.Constexpr):
+        """Start the cp.async of one K or V tile; with check_rows, rows past seqlen_k become zeros."""
+        for m in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
+            if cutlass.const_expr(check_rows):
+                if n_block * self.cfg.block_n + tKVcKV[0, m, 0][0] < seqlen_k:
+                    self._copy_row(g2s, tXgX[None, m, None, n_block], tXsX[None, m, None],
+                                   tKVcKV[None, m, None])
+                else:
+                    tXsX[None, m, None].fill(0.0)
+            else:
+                self._copy_row(g2s, tXgX[None, m, None, n_block], tXsX[None, m, None],
+                               tKVcKV[None, m, None])
+
+    @cute.jit
+    def _round(self, n_block, is_first: cutlass.Constexpr, masked: cutlass.Constexpr,
+               tiled_mma: cute.TiledMma, thr_mma, g2s: cute.TiledCopy, tKgK: cute.Tensor,
+               tKsK: cute.Tensor, tVgV: cute.Tensor, tVsV: cute.Tensor, tKVcKV: cute.Tensor,
+               tSrQ: cute.Tensor, tSrK: cute.Tensor, tOrVt: cute.Tensor, ldsm: dict,
+               s2r_q: cute.TiledCopy, s2r_k: cute.TiledCopy, s2r_v: cute.TiledCopy,
+               acc_O: cute.Tensor, acc_O_mn: cute.Tensor, tScS_mn: cute.Tensor, softmax,
+               m_block, seqlen_k, causal_offset):
+        cfg = self.cfg
+        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((cfg.block_m, cfg.block_n)),
+                                      cutlass.Float32)
+        acc_S.fill(0.0)
+
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        self._load_kv(g2s, tVgV, tVsV, tKVcKV, n_block, seqlen_k, masked)
+        cute.arch.cp_async_commit_group()
+
+        tSsQ, tSrQ_view = ldsm["tSsQ"], ldsm["tSrQ_view"]
+        tSsK, tSrK_view = ldsm["tSsK"], ldsm["tSrK_view"]
+        num_k = cute.size(tSsQ.shape[2])
+        cute.copy(s2r_q, tSsQ[None, None, 0], tSrQ_view[None, None, 0])
+        cute.copy(s2r_k, tSsK[None, None, 0], tSrK_view[None, None, 0])
+        for k in cutlass.range_constexpr(num_k):
+            if cutlass.const_expr(k + 1 < num_k):
+                cute.copy(s2r_q, tSsQ[None, None, k + 1], tSrQ_view[None, None, k + 1])
+                cute.copy(s2r_k, tSsK[None, None, k + 1], tSrK_view[None, None, k + 1])
+            cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+
+        acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
+        if cutlass.const_expr(masked):
+            mask.apply_mask(acc_S_mn, tScS_mn, n_block * cfg.block_n, m_block * cfg.block_m,
+                            seqlen_k, causal_offset, self.causal)
+
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier()
+        if n_block > 0:
+            self._load_kv(g2s, tKgK, tKsK, tKVcKV, n_block - 1, seqlen_k, False)
+        cute.arch.cp_async_commit_group()
+
+        softmax.step(acc_S_mn, acc_O_mn, is_first)
+
+        rP = cute.make_fragment_like(acc_S, cutlass_dtype(cfg.dtype))
+        rP.store(acc_S.load().to(cutlass_dtype(cfg.dtype)))
+        tOrP = cute.make_tensor(rP.iterator, mma_mod.acc_to_a_layout(rP.layout))
+        tOsVt, tOrVt_view = ldsm["tOsVt"], ldsm["tOrVt_view"]
+        num_kv = cute.size(tOrP.shape[2])
+        cute.copy(s2r_v, tOsVt[None, None, 0], tOrVt_view[None, None, 0])
+        for k in cutlass.range_constexpr(num_kv):
+            if cutlass.const_expr(k + 1 < num_kv):
+                cute.copy(s2r_v, tOsVt[None, None, k + 1], tOrVt_view[None, None, k + 1])
+            cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)

@@ -1,0 +1,30 @@
+"""The GPU correctness grid, shared by the tests and by the precompile step that feeds them."""
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype)
+SHAPES = [
+    (2, 1, 1, 4, 4, 64, False, "bfloat16"),
+    (2, 17, 17, 4, 2, 64, True, "bfloat16"),
+    (1, 127, 127, 8, 1, 128, True, "bfloat16"),      # MQA
+    (1, 1000, 1000, 8, 2, 128, False, "bfloat16"),   # GQA 4
+    (1, 4097, 4097, 2, 2, 64, True, "bfloat16"),
+    (1, 17, 1000, 8, 1, 64, True, "float16"),        # Sq < Sk, MQA
+    (1, 1000, 17, 8, 8, 128, True, "float16"),       # Sq > Sk: fully masked rows
+    (1, 1000, 17, 8, 8, 128, False, "float16"),
+    (1, 127, 4097, 16, 2, 128, False, "float16"),    # GQA 8
+    (1, 300, 300, 4, 4, 32, False, "float16"),
+    (1, 300, 300, 4, 4, 32, True, "bfloat16"),
+    (1, 300, 251, 4, 2, 96, True, "bfloat16"),
+    (1, 300, 251, 4, 2, 96, False, "float16"),
+    (1, 200, 333, 4, 4, 192, False, "bfloat16"),
+    (1, 333, 200, 4, 4, 192, True, "float16"),
+    (1, 257, 257, 2, 1, 256, False, "float16"),
+    (1, 257, 513, 2, 1, 256, True, "bfloat16"),
+    (1, 129, 130, 2, 2, 40, False, "float16"),       # head_dim padded to 64
+    (1, 129, 130, 2, 2, 8, True, "bfloat16"),        # head_dim padded to 32
+    (1, 77, 77, 2, 2, 200, False, "bfloat16"),       # head_dim padded to 224
+]
+
+# (head_dim, dtype, causal) of every kernel the GPU tests launch
+KERNELS = sorted({(s[5], s[7], s[6]) for s in SHAPES} | {(64, "bfloat16", False),
+                  (64, "float16", False), (64, "float16", True), (128, "bfloat16", True),
+                  (128, "bfloat16", False)})

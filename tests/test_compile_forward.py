@@ -1,0 +1,35 @@
+"""Every tile class of the forward kernel compiles on the CPU for sm_80, sm_90a and sm_120a,
+without register spills, within the arch's shared memory, with the instructions it is made of."""
+
+import re
+
+import pytest
+
+from cute_fa.compiler import KernelKey, compile_kernel, ptxas_resources
+from cute_fa.tuning import SMEM_BYTES, TILES, tile_config
+
+ARCHS = ["sm_80", "sm_90a", "sm_120a"]
+# one problem per (head_dim class, causal) row of the tile table, alternating dtypes,
+# plus head_dims that need padding to the MMA's K of 16
+CASES = [(limit, causal, "bfloat16" if i % 2 else "float16")
+         for i, (limit, causal) in enumerate(sorted(TILES))] + [(40, True, "bfloat16")]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("head_dim, causal, dtype", CASES,
+                         ids=lambda x: str(x))
+def test_forward_compiles_without_spills(arch, head_dim, causal, dtype):
+    cfg = tile_config(arch, dtype, head_dim, causal)
+    assert cfg.smem_bytes() <= SMEM_BYTES[arch]
+    compiled = compile_kernel(KernelKey(arch, causal, cfg), keep_ptx=True)
+    ptx = compiled.__ptx__
+    assert re.search(rf"^\.target {arch}\b", ptx, re.M)
+    mma = "bf16.bf16" if dtype == "bfloat16" else "f16.f16"
+    assert f"mma.sync.aligned.m16n8k16.row.col.f32.{mma}.f32" in ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx
+    assert re.search(r"cp\.async\.cg\.shared\.global(\.L2::128B)? \[", ptx)
+    assert "shfl.sync.bfly" in ptx  # the quad reductions
+    res = ptxas_resources(ptx, arch)
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
+    assert res["registers"] <= 255

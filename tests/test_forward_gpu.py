@@ -1,0 +1,151 @@
+"""cute_fa.forward / cute_fa.sdpa on a GPU against a float64 reference, next to torch SDPA.
+
+For each case the error of cute_fa must be at most about the error of torch SDPA
+(its default backend) on the same inputs: max|err_cute_fa| <= 2 * max|err_sdpa| + 1e-3 * scale.
+"""
+
+import math
+
+import pytest
+
+from gpu_grid import SHAPES
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+
+def reference(q, k, v, *, causal, causal_offset, scale):
+    """float64 attention in flash-attn's (B, S, H, D) layout, GQA by broadcasting heads."""
+    b, sq, hq, d = q.shape
+    hk = k.shape[2]
+    q64, k64, v64 = (t.double().transpose(1, 2) for t in (q, k, v))
+    k64 = k64.repeat_interleave(hq // hk, dim=1)
+    v64 = v64.repeat_interleave(hq // hk, dim=1)
+    s = scale * q64 @ k64.transpose(-1, -2)
+    if causal:
+        qi = torch.arange(sq, device=q.device)[:, None]
+        ki = torch.arange(k.shape[1], device=q.device)[None, :]
+        s = s.masked_fill(ki > qi + causal_offset, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0)[..., None])
+    o = (p @ v64).transpose(1, 2)
+    return o, lse
+
+
+def sdpa_error(q, k, v, o_ref, *, causal, causal_offset, scale):
+    """max |torch SDPA - reference| on the same inputs (torch's default backend choice)."""
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    mask = None
+    if causal:
+        qi = torch.arange(q.shape[1], device=q.device)[:, None]
+        ki = torch.arange(k.shape[1], device=q.device)[None, :]
+        mask = ki <= qi + causal_offset
+    o = torch.nn.functional.scaled_dot_product_attention(
+        qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=True).transpose(1, 2)
+    visible = torch.isfinite(o_ref).all(dim=-1, keepdim=True)
+    return (o.double() - o_ref).abs().where(visible, 0).nan_to_num(0).max().item()
+
+
+def rand(*shape, dtype, gen):
+    return torch.randn(*shape, device="cuda", dtype=getattr(torch, dtype), generator=gen)
+
+
+def check_case(o, lse, q, k, v, *, causal, causal_offset, scale):
+    o_ref, lse_ref = reference(q, k, v, causal=causal, causal_offset=causal_offset, scale=scale)
+    assert not torch.isnan(o).any(), "NaN in output (unwritten or poisoned element)"
+    empty = ~torch.isfinite(lse_ref)  # (B, H, Sq) rows with no visible key
+    if empty.any():
+        assert (o.transpose(1, 2)[empty] == 0).all(), "fully masked rows must be 0"
+        if lse is not None:
+            assert (lse[empty] == float("-inf")).all(), "fully masked rows must have LSE -inf"
+    o_ref = o_ref.where(~empty.transpose(1, 2)[..., None], 0)
+    err = (o.double() - o_ref).abs().max().item()
+    err_sdpa = sdpa_error(q, k, v, o_ref, causal=causal, causal_offset=causal_offset, scale=scale)
+    tol = 2 * err_sdpa + 1e-3 * o_ref.abs().max().item() + 1e-6
+    assert err <= tol, f"max err {err:.3g} vs torch SDPA {err_sdpa:.3g}"
+    if lse is not None:
+        lse_err = (lse.double() - lse_ref).where(~empty, 0).abs().max().item()
+        assert lse_err <= 1e-3 * max(1.0, lse_ref.where(~empty, 0).abs().max().item()), lse_err
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-q{}-k{}-h{}/{}-d{}-{}-{}".format(
+    *s[:6], "causal" if s[6] else "full", s[7]))
+def test_forward_grid(shape):
+    import cute_fa
+
+    b, sq, sk, hq, hk, d, causal, dtype = shape
+    gen = torch.Generator(device="cuda").manual_seed(sq * 1000 + sk + d)
+    q = rand(b, sq, hq, d, dtype=dtype, gen=gen)
+    k = rand(b, sk, hk, d, dtype=dtype, gen=gen)
+    v = rand(b, sk, hk, d, dtype=dtype, gen=gen)
+    out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
+    o, lse = cute_fa.forward(q, k, v, causal=causal, return_lse=True, out=out)
+    assert o.data_ptr() == out.data_ptr()
+    assert lse.shape == (b, hq, sq) and lse.dtype == torch.float32
+    check_case(o, lse, q, k, v, causal=causal, causal_offset=sk - sq, scale=1 / math.sqrt(d))
+    o2 = cute_fa.forward(q, k, v, causal=causal)
+    assert torch.equal(o2, o), "repeat runs must be bitwise identical"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_entry_point_top_left(causal):
+    import cute_fa
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    b, h, sq, sk, d = 2, 4, 100, 170, 64
+    q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.float16, generator=gen)
+    k = torch.randn(b, h, sk, d, device="cuda", dtype=torch.float16, generator=gen)
+    v = torch.randn(b, h, sk, d, device="cuda", dtype=torch.float16, generator=gen)
+    o = cute_fa.sdpa(q, k, v, is_causal=causal, scale=0.1)
+    assert o.shape == q.shape
+    check_case(o.transpose(1, 2), None, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+               causal=causal, causal_offset=0, scale=0.1)
+    if causal:  # torch's own is_causal is top-left
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.1)
+        assert (o.float() - ref.float()).abs().max().item() < 2e-2
+
+
+def test_packed_qkv_strides():
+    import cute_fa
+
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    b, s, h, d = 2, 333, 4, 128
+    qkv = torch.randn(b, s, 3, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q, k, v = qkv.unbind(2)  # non-contiguous views into one buffer
+    assert not q.is_contiguous()
+    o, lse = cute_fa.forward(q, k, v, causal=True, return_lse=True)
+    check_case(o, lse, q, k, v, causal=True, causal_offset=0, scale=1 / math.sqrt(d))
+    o_contig = cute_fa.forward(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+    assert torch.equal(o, o_contig)
+
+
+def test_softmax_scale_and_non_contiguous_out():
+    import cute_fa
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.float16, generator=gen)
+    k = torch.randn(1, 80, 2, 64, device="cuda", dtype=torch.float16, generator=gen)
+    v = torch.randn(1, 80, 2, 64, device="cuda", dtype=torch.float16, generator=gen)
+    big = torch.full((1, 2, 64, 64), float("nan"), device="cuda", dtype=torch.float16)
+    out = big.transpose(1, 2)  # (1, 64, 2, 64) view with head-major strides
+    o = cute_fa.forward(q, k, v, softmax_scale=0.3, out=out)
+    assert o.data_ptr() == big.data_ptr()
+    check_case(o, None, q, k, v, causal=False, causal_offset=0, scale=0.3)
+
+
+def test_bad_input_leaves_out_untouched():
+    import cute_fa
+
+    q = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.float16)
+    out = torch.full_like(q, 7.0)
+    with pytest.raises(ValueError, match="v must have the shape of k"):
+        cute_fa.forward(q, k, k[:, :8], out=out)
+    with pytest.raises(TypeError, match="share a dtype"):
+        cute_fa.forward(q, k, k.bfloat16(), out=out)
+    with pytest.raises(ValueError, match="q must be on a CUDA device"):
+        cute_fa.forward(q.cpu(), k, k, out=out)
+    misaligned = torch.empty(q.numel() + 8, device="cuda", dtype=q.dtype)[1:1 + q.numel()]
+    with pytest.raises(ValueError, match="16-byte"):
+        cute_fa.forward(misaligned.view(q.shape), k, k, out=out)
+    assert (out == 7.0).all()

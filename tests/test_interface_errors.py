@@ -1,0 +1,75 @@
+"""Bad input raises a clear error naming the argument, before any launch (CPU tensors suffice)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cute_fa  # noqa: E402
+
+
+def qkv(b=1, sq=16, sk=16, hq=2, hk=2, d=64, dtype=torch.float16):
+    return (torch.randn(b, sq, hq, d, dtype=dtype), torch.randn(b, sk, hk, d, dtype=dtype),
+            torch.randn(b, sk, hk, d, dtype=dtype))
+
+
+def test_wrong_types():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        cute_fa.forward(q.numpy(), k, v)
+    with pytest.raises(TypeError, match="k must be float16 or bfloat16"):
+        cute_fa.forward(q, k.float(), v)
+    with pytest.raises(TypeError, match="share a dtype"):
+        cute_fa.forward(q, k, v.bfloat16())
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        cute_fa.forward(q, k, v, causal=1)
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda q, k, v: (q[0], k, v), "q must be 4-D"),
+    (lambda q, k, v: (q, k, v[:, :8]), "v must have the shape of k"),
+    (lambda q, k, v: (q, k[..., :32], v[..., :32]), "k must have shape"),
+    (lambda q, k, v: (q, torch.randn(1, 16, 2, 68, dtype=k.dtype)[..., :64], v),
+     "k strides must be multiples of 8"),
+    (lambda q, k, v: (q[..., :60], k[..., :60], v[..., :60]), "strides|head_dim"),
+    (lambda q, k, v: (torch.randn(1, 16, 64, 2, dtype=q.dtype).transpose(-1, -2), k, v),
+     "q must have a contiguous last dimension"),
+])
+def test_bad_shapes_and_strides(mutate, match):
+    with pytest.raises(ValueError, match=match):
+        cute_fa.forward(*mutate(*qkv()))
+
+
+def test_head_dim_rules():
+    with pytest.raises(ValueError, match="head_dim"):
+        cute_fa.forward(*qkv(d=72 + 4))
+    with pytest.raises(ValueError, match="head_dim"):
+        cute_fa.forward(*qkv(d=264))
+
+
+def test_gqa_ratio():
+    with pytest.raises(ValueError, match="multiple of the number of key/value heads"):
+        cute_fa.forward(*qkv(hq=6, hk=4))
+
+
+def test_scale_and_out():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="softmax_scale"):
+        cute_fa.forward(q, k, v, softmax_scale=-1.0)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        cute_fa.forward(q, k, v, softmax_scale=float("nan"))
+    out = torch.full_like(q, 3.0)
+    with pytest.raises(ValueError, match="out must have the shape of q"):
+        cute_fa.forward(q, k, v, out=out[:, :8])
+    with pytest.raises(TypeError, match="out must have dtype"):
+        cute_fa.forward(q, k, v, out=out.bfloat16())
+    assert (out == 3.0).all()
+
+
+def test_cpu_tensors_and_no_gpu():
+    q, k, v = qkv()
+    out = torch.full_like(q, 3.0)
+    with pytest.raises(ValueError, match="q must be on a CUDA device"):
+        cute_fa.forward(q, k, v, out=out)
+    assert (out == 3.0).all()
+    with pytest.raises(ValueError, match="must be on a CUDA device"):
+        cute_fa.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
