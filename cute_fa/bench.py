@@ -52,7 +52,7 @@ def _methods(torch):
     return methods
 
 
-def _time_ms(torch, fn, warmup=3, reps=10) -> float:
+def _time_ms(torch, fn, warmup=5, reps=20) -> float:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -168,8 +168,8 @@ def write_report(result: dict, out_dir: Path) -> None:
              if any(n in r for r in rows)]
     lines = [f"# cute_fa forward, {result['device']}, {result['date']}", "",
              f"torch {result['torch']}, nvidia-cutlass-dsl {result['cutlass_dsl']}. "
-             "TFLOPs/s (forward FLOPs = 4·B·H·S²·D, halved when causal); median of 10 runs "
-             "after 3 warm-ups; batch·seqlen = 16384, heads·head_dim = 2048.", "",
+             "TFLOPs/s (forward FLOPs = 4·B·H·S²·D, halved when causal); median of 20 runs "
+             "after 5 warm-ups; batch·seqlen = 16384, heads·head_dim = 2048.", "",
              "| dtype | D | causal | S | " + " | ".join(names) + " | cute_fa / sdpa_flash |",
              "|" + "---|" * (len(names) + 5)]
     for r in rows:

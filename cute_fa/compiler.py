@@ -42,15 +42,19 @@ _fp_cache: list = []
 def _fingerprint() -> str:
     """Hash of the sources that shape a kernel and of the DSL's version: stale objects never load."""
     if not _fp_cache:
-        import cutlass
+        from importlib import metadata
 
+        try:  # read the DSL's version without importing it (the warm path never does)
+            dsl_version = metadata.version("nvidia-cutlass-dsl")
+        except metadata.PackageNotFoundError:
+            dsl_version = "unknown"
         h = hashlib.sha256()
         sources = [_PACKAGE_DIR / "compiler.py", *sorted((_PACKAGE_DIR / "layouts").glob("*.py")),
                    *sorted((_PACKAGE_DIR / "kernels").glob("*.py"))]
         for path in sources:
             h.update(path.relative_to(_PACKAGE_DIR).as_posix().encode())
             h.update(path.read_bytes())
-        h.update(str(getattr(cutlass, "__version__", "")).encode())
+        h.update(dsl_version.encode())
         _fp_cache.append(h.hexdigest()[:16])
     return _fp_cache[0]
 
@@ -79,7 +83,7 @@ def fake_arguments(key: KernelKey):
     lse = make_fake_tensor(cutlass.Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
                            stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
     return (qkvo(), qkvo(), qkvo(), qkvo(), lse, cutlass.Float32(1.0), cutlass.Int32(0),
-            make_fake_stream(use_tvm_ffi_env_stream=True))
+            cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def compile_kernel(key: KernelKey, *, keep_ptx: bool = False):
@@ -121,26 +125,60 @@ def _object_path(key: KernelKey) -> Path:
     return cache_dir() / f"{key.digest()}.o"
 
 
+_runtime_loaded: list = []
+
+
+def _load_shared(path: Path):
+    """Load a linked kernel through TVM FFI alone: no DSL import on the warm path."""
+    import ctypes
+    import glob
+    import importlib.util
+
+    import tvm_ffi
+
+    if not _runtime_loaded:
+        spec = importlib.util.find_spec("nvidia_cutlass_dsl")
+        runtimes = [p for d in spec.submodule_search_locations
+                    for p in glob.glob(os.path.join(d, "*", "lib", "libcute_dsl_runtime.so"))]
+        for lib in runtimes[:1] + [tvm_ffi.libinfo.find_libtvm_ffi()]:
+            _runtime_loaded.append(ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL))
+    return tvm_ffi.load_module(str(path))[_EXPORT_NAME]
+
+
 def _load(key: KernelKey):
     path = _object_path(key)
-    if not path.is_file():
-        return None
     try:
-        import cutlass.cute as cute
+        if path.with_suffix(".so").is_file():
+            return _load_shared(path.with_suffix(".so"))
+        if path.is_file():
+            import cutlass.cute as cute
 
-        module = cute.runtime.load_module(str(path), enable_tvm_ffi=True)
-        return getattr(module, _EXPORT_NAME)
-    except Exception:  # a truncated or foreign object: recompile and replace it
+            return getattr(cute.runtime.load_module(str(path), enable_tvm_ffi=True), _EXPORT_NAME)
+    except Exception as exc:  # a truncated or foreign object: recompile and replace it
+        import warnings
+
+        warnings.warn(f"cute_fa: cannot load cached kernel {path.stem} ({type(exc).__name__}: "
+                      f"{exc}); compiling it again", RuntimeWarning, stacklevel=3)
         return None
+    return None
 
 
 def _save(key: KernelKey, compiled) -> None:
+    """Export the object file and, where a C compiler is at hand, link it into a .so."""
+    import shutil
+
     path = _object_path(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.o")
         compiled.export_to_c(object_file_path=str(tmp), function_name=_EXPORT_NAME)
         os.replace(tmp, path)
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc:
+            tmp_so = path.with_name(f".{path.stem}.{os.getpid()}.tmp.so")
+            subprocess.run([cc, "-shared", "-o", str(tmp_so), str(path)], check=True,
+                           capture_output=True)
+            os.replace(tmp_so, path.with_suffix(".so"))
     except Exception:  # an unwritable cache costs only the next process's compile
         pass
 

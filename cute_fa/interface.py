@@ -27,21 +27,22 @@ def _check_tensor(name: str, t) -> None:
 
 
 def _check_layout(name: str, t) -> None:
-    if t.stride(-1) != 1:
+    s0, s1, s2, s3 = t.stride()
+    if s3 != 1:
         raise ValueError(f"{name} must have a contiguous last dimension (stride 1), "
                          f"got strides {t.stride()}")
-    if any(s % 8 for s in t.stride()[:-1]):
+    if s0 % 8 or s1 % 8 or s2 % 8:
         raise ValueError(f"{name} strides must be multiples of 8 elements (16 bytes), "
                          f"got {t.stride()}")
     if t.data_ptr() % 16:
         raise ValueError(f"{name} must start at a 16-byte aligned address")
 
 
-def _check_device(name: str, t, device) -> None:
-    if t.device.type != "cuda":
+def _check_device(name: str, t, device_index: int) -> None:
+    if not t.is_cuda:
         raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
-    if t.device != device:
-        raise ValueError(f"{name} must be on {device} like q, got {t.device}")
+    if t.get_device() != device_index:
+        raise ValueError(f"{name} must be on cuda:{device_index} like q, got {t.device}")
 
 
 def _check_args(q, k, v, out, softmax_scale, causal, return_lse):
@@ -55,12 +56,11 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse):
         raise ValueError(f"q must have non-empty dimensions, got shape {tuple(q.shape)}")
     if head_dim % 8 or not 8 <= head_dim <= 256:
         raise ValueError(f"head_dim (q.shape[-1]) must be a multiple of 8 in [8, 256], got {head_dim}")
-    expected_k = (batch, seqlen_k, heads_k, head_dim)
     if k.shape[0] != batch or k.shape[3] != head_dim or seqlen_k < 1 or heads_k < 1:
         raise ValueError(f"k must have shape (batch={batch}, seqlen_k>=1, heads_k>=1, "
                          f"head_dim={head_dim}), got {tuple(k.shape)}")
-    if tuple(v.shape) != expected_k:
-        raise ValueError(f"v must have the shape of k, {expected_k}, got {tuple(v.shape)}")
+    if v.shape != k.shape:
+        raise ValueError(f"v must have the shape of k, {tuple(k.shape)}, got {tuple(v.shape)}")
     if heads_q % heads_k:
         raise ValueError(f"the number of query heads ({heads_q}) must be a multiple of the number "
                          f"of key/value heads ({heads_k})")
@@ -69,45 +69,127 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse):
                 or not math.isfinite(softmax_scale) or softmax_scale <= 0:
             raise ValueError(f"softmax_scale must be a positive finite number or None, "
                              f"got {softmax_scale!r}")
-    if not isinstance(causal, bool):
+    if causal is not True and causal is not False:
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if not isinstance(return_lse, bool):
+    if return_lse is not True and return_lse is not False:
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    named = (("q", q), ("k", k), ("v", v))
     if out is not None:
         _check_tensor("out", out)
         if out.dtype != q.dtype:
             raise TypeError(f"out must have dtype {q.dtype} like q, got {out.dtype}")
-        if tuple(out.shape) != tuple(q.shape):
+        if out.shape != q.shape:
             raise ValueError(f"out must have the shape of q, {tuple(q.shape)}, got {tuple(out.shape)}")
-    named = [(n, t) for n, t in (("q", q), ("k", k), ("v", v), ("out", out)) if t is not None]
+        named += (("out", out),)
     for name, t in named:
         _check_layout(name, t)
+    device_index = q.get_device()
     for name, t in named:
-        _check_device(name, t, q.device)
+        _check_device(name, t, device_index)
+    return device_index
 
 
-def _arch(device: torch.device) -> str:
-    major, minor = torch.cuda.get_device_capability(device)
-    if major < 8:
-        raise RuntimeError(f"cute_fa needs an sm80 or newer GPU, {device} is sm{major}{minor}")
-    suffix = "a" if major in (9, 10, 12) else ""
-    return f"sm_{major}{minor}{suffix}"
+def _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse) -> bool:
+    """A fast yes for the common valid call; anything else goes through `_check_args`,
+    which accepts the same calls and names the problem in the others."""
+    T = torch.Tensor
+    if type(q) is not T or type(k) is not T or type(v) is not T:
+        return False
+    if (causal is not True and causal is not False) or \
+            (return_lse is not True and return_lse is not False):
+        return False
+    if softmax_scale is not None and not (type(softmax_scale) is float
+                                          and 0.0 < softmax_scale < math.inf):
+        return False
+    dtype = q.dtype
+    if dtype not in _DTYPES or k.dtype != dtype or v.dtype != dtype:
+        return False
+    qs, ks = q.shape, k.shape
+    if len(qs) != 4 or len(ks) != 4 or v.shape != ks:
+        return False
+    batch, seqlen_q, heads_q, head_dim = qs
+    if ks[0] != batch or ks[3] != head_dim or min(batch, seqlen_q, heads_q, ks[1], ks[2]) < 1 \
+            or head_dim % 8 or not 8 <= head_dim <= 256 or heads_q % ks[2]:
+        return False
+    tensors = (q, k, v)
+    if out is not None:
+        if type(out) is not T or out.dtype != dtype or out.shape != qs:
+            return False
+        tensors = (q, k, v, out)
+    device = q.get_device()
+    for t in tensors:
+        s0, s1, s2, s3 = t.stride()
+        if s3 != 1 or s0 % 8 or s1 % 8 or s2 % 8 or t.data_ptr() % 16 or not t.is_cuda \
+                or t.get_device() != device:
+            return False
+    return True
 
 
-def _run(q, k, v, *, causal, causal_offset, softmax_scale, out, return_lse):
-    _check_args(q, k, v, out, softmax_scale, causal, return_lse)
-    if not torch.cuda.is_available():
-        raise RuntimeError("cute_fa needs a CUDA GPU and none is available")
+_ARCH: dict = {}
+
+
+def _arch(device_index: int) -> str:
+    arch = _ARCH.get(device_index)
+    if arch is None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("cute_fa needs a CUDA GPU and none is available")
+        major, minor = torch.cuda.get_device_capability(device_index)
+        if major < 8:
+            raise RuntimeError(f"cute_fa needs an sm80 or newer GPU, cuda:{device_index} is "
+                               f"sm{major}{minor}")
+        arch = _ARCH[device_index] = f"sm_{major}{minor}{'a' if major in (9, 10, 12) else ''}"
+    return arch
+
+
+_GPU_COUNT: list = []
+
+
+def _single_gpu() -> bool:
+    if not _GPU_COUNT:
+        _GPU_COUNT.append(torch.cuda.device_count())
+    return _GPU_COUNT[0] == 1
+
+
+_DISPATCH: dict = {}  # (device index, dtype, head_dim, causal) -> compiled kernel
+_NO_LSE: dict = {}  # device index -> placeholder LSE tensor (the kernel does not write it)
+
+
+def _kernel_for(device_index: int, dtype, head_dim: int, causal: bool):
+    slot = (device_index, dtype, head_dim, causal)
+    kernel = _DISPATCH.get(slot)
+    if kernel is None:
+        arch = _arch(device_index)
+        key = KernelKey(arch, causal, tile_config(arch, _DTYPE_NAMES[dtype], head_dim, causal))
+        kernel = _DISPATCH[slot] = get_kernel(key)
+    return kernel
+
+
+def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse):
+    if _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse):
+        device_index = q.get_device()
+    else:
+        device_index = _check_args(q, k, v, out, softmax_scale, causal, return_lse)
     batch, seqlen_q, heads_q, head_dim = q.shape
+    causal_offset = k.shape[1] - seqlen_q if bottom_right else 0
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-    key = KernelKey(_arch(q.device), causal,
-                    tile_config(_arch(q.device), _DTYPE_NAMES[q.dtype], head_dim, causal))
-    kernel = get_kernel(key)
+    kernel = _kernel_for(device_index, q.dtype, head_dim, causal)
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(batch, heads_q, seqlen_q, device=q.device, dtype=torch.float32)
-    with torch.cuda.device(q.device):
-        kernel(q.detach(), k.detach(), v.detach(), out.detach(), lse, scale, causal_offset)
+        out = torch.empty_like(q)  # q's memory order where q is dense, else contiguous
+    if return_lse:
+        lse = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
+    else:
+        lse = _NO_LSE.get(device_index)
+        if lse is None:
+            lse = _NO_LSE[device_index] = torch.empty((1, 1, 1), device=q.device,
+                                                      dtype=torch.float32)
+    if q.requires_grad or k.requires_grad or v.requires_grad:
+        q, k, v = q.detach(), k.detach(), v.detach()  # DLPack refuses tensors needing grad
+    # the kernel launches on the current stream of the current device
+    if _single_gpu() or device_index == torch.cuda.current_device():
+        kernel(q, k, v, out, lse, scale, causal_offset, int(return_lse))
+    else:
+        with torch.cuda.device(device_index):
+            kernel(q, k, v, out, lse, scale, causal_offset, int(return_lse))
     return (out, lse) if return_lse else out
 
 
@@ -120,10 +202,8 @@ def forward(q, k, v, causal=False, softmax_scale=None, return_lse=False, out=Non
     (o, lse) with lse float32 (batch, heads_q, seqlen_q) in natural log; a query
     that sees no key gets o = 0 and lse = -inf.
     """
-    causal_offset = k.shape[1] - q.shape[1] if isinstance(k, torch.Tensor) and isinstance(q, torch.Tensor) \
-        and k.dim() == 4 and q.dim() == 4 else 0
-    return _run(q, k, v, causal=causal, causal_offset=causal_offset, softmax_scale=softmax_scale,
-                out=out, return_lse=return_lse)
+    return _run(q, k, v, causal=causal, bottom_right=True, softmax_scale=softmax_scale, out=out,
+                return_lse=return_lse)
 
 
 def sdpa(q, k, v, is_causal=False, scale=None):
@@ -135,8 +215,9 @@ def sdpa(q, k, v, is_causal=False, scale=None):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            raise ValueError(f"{name} must be 4-D (batch, heads, seqlen, head_dim), "
+                             f"got shape {tuple(t.shape)}")
+    out = torch.empty_like(q)
     _run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=is_causal,
-         causal_offset=0, softmax_scale=scale, out=out.transpose(1, 2), return_lse=False)
+         bottom_right=False, softmax_scale=scale, out=out.transpose(1, 2), return_lse=False)
     return out

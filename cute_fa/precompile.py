@@ -23,7 +23,7 @@ def precompile(head_dims=(64, 128), dtypes=("bfloat16", "float16"), causal=(Fals
 
         if not torch.cuda.is_available():
             raise RuntimeError("precompile needs arch= when there is no CUDA GPU")
-        arch = _arch(torch.device("cuda"))
+        arch = _arch(torch.cuda.current_device())
     keys = []
     for head_dim, dtype, is_causal in itertools.product(head_dims, dtypes, causal):
         key = KernelKey(arch, bool(is_causal), tile_config(arch, dtype, int(head_dim), bool(is_causal)))

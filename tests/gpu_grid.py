@@ -1,4 +1,8 @@
-"""The GPU correctness grid, shared by the tests and by the precompile step that feeds them."""
+"""The GPU correctness grid.
+
+KERNELS lists the (head_dim, dtype, causal) kernels the grid launches, so that a cache can be
+compiled ahead of a GPU run (`cute_fa.precompile(..., arch="sm_90a")` works without a GPU).
+"""
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype)
 SHAPES = [

@@ -35,8 +35,12 @@ def test_wrong_types():
      "q must have a contiguous last dimension"),
 ])
 def test_bad_shapes_and_strides(mutate, match):
+    from cute_fa.interface import _plainly_valid
+
+    args = mutate(*qkv())
+    assert not _plainly_valid(*args, None, None, False, False)  # the fast path never waves it on
     with pytest.raises(ValueError, match=match):
-        cute_fa.forward(*mutate(*qkv()))
+        cute_fa.forward(*args)
 
 
 def test_head_dim_rules():

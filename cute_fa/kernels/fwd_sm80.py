@@ -15,7 +15,8 @@ down, so the blocks that need masking come first):
 then O is normalised, written through smem (reusing sQ) with 128-bit stores, and
 LSE is written. Every layout, copy and MMA comes from `cute_fa.layouts`.
 
-Tensors: Q, O (B, Sq, Hq, D); K, V (B, Sk, Hk, D); LSE (B, Hq, Sq) float32.
+Tensors: Q, O (B, Sq, Hq, D); K, V (B, Sk, Hk, D); LSE (B, Hq, Sq) float32, written
+only when write_lse != 0.
 Shapes and strides are dynamic (any sequence length, batch, head count or
 stride with a unit last stride), head_dim is static.
 """
@@ -28,7 +29,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.memory
 
-from ..layouts import TileConfig, copies, mma as mma_mod, smem
+from ..layouts import TileConfig, _read, copies, mma as mma_mod, smem
 from ..layouts._types import cutlass_dtype
 from . import epilogue, mask
 from .softmax import OnlineSoftmax
@@ -47,34 +48,31 @@ class FlashFwdSm80:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32,
-                 stream):
+                 write_lse: cutlass.Int32, stream):
         cfg = self.cfg
-        dtype = cutlass_dtype(cfg.dtype)
         sQ_layout = smem.smem_layout_q(cfg)
         sKV_layout = smem.smem_layout_kv(cfg)
-
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], 1024]
+        SharedStorage = smem.shared_storage(cfg)
 
         grid = (cute.ceil_div(mQ.shape[1], cfg.block_m), cute.size(mQ.shape[2]),
                 cute.size(mQ.shape[0]))
-        self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset, sQ_layout,
-                    sKV_layout, SharedStorage).launch(
+        self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset, write_lse,
+                    sQ_layout, sKV_layout, SharedStorage).launch(
             grid=grid, block=(cfg.num_threads, 1, 1), smem=SharedStorage.size_in_bytes(),
             stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                mLSE: cute.Tensor, scale_log2: cutlass.Float32, causal_offset: cutlass.Int32,
-               sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
-               SharedStorage: cutlass.Constexpr):
+               write_lse: cutlass.Int32, sQ_layout: cute.ComposedLayout,
+               sKV_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.causal):
+            # the longest rows (most key blocks) start first: a shorter tail of the wave
+            m_block = cute.arch.grid_dim()[0] - 1 - m_block
         seqlen_q = mQ.shape[1]
         seqlen_k = mK.shape[1]
         head_kv = head // (mQ.shape[2] // mK.shape[2])
@@ -139,6 +137,13 @@ class FlashFwdSm80:
         cS = cute.make_identity_tensor((bm, bn))
         tScS = thr_mma.partition_C(cS)
         tScS_mn = cute.make_tensor(tScS.iterator, mma_mod.acc_rowcol_layout(tScS.layout))
+        # this thread's first (query, key) in the tile, and the constant offsets of its
+        # rows and columns from it
+        row0, col0 = tScS_mn[0, 0]
+        rc_offsets = _read.offsets(tScS_mn.layout, 2)
+        n_rows = cute.size(tScS_mn.shape[0])
+        row_offsets = tuple(int(x) for x in rc_offsets[:n_rows, 0])
+        col_offsets = tuple(int(x) for x in rc_offsets[::n_rows, 1])
         acc_O_mn = cute.make_tensor(acc_O.iterator, mma_mod.acc_rowcol_layout(acc_O.layout))
         offsets = mma_mod.row_reduce_offsets(tiled_mma)
         softmax = OnlineSoftmax(cute.size(tScS_mn.shape[0]), scale_log2, offsets)
@@ -147,16 +152,17 @@ class FlashFwdSm80:
             self._load_kv(g2s, tKgK, tKsK, tKVcKV, n_block_max - 1, seqlen_k, True)
         cute.arch.cp_async_commit_group()
 
+        mask_at = (row_offsets, col_offsets, m_block * bm + row0, col0)
         args = (tiled_mma, thr_mma, g2s, tKgK, tKsK, tVgV, tVsV, tKVcKV, tSrQ, tSrK, tOrVt, ldsm,
-                s2r_q, s2r_k, s2r_v, acc_O, acc_O_mn, tScS_mn, softmax, m_block, seqlen_k,
-                causal_offset)
+                s2r_q, s2r_k, s2r_v, acc_O, acc_O_mn, mask_at, softmax, seqlen_k, causal_offset)
         # first round: masked, nothing to rescale yet; then the other rounds that may
         # need masking; then the unmasked rest
         if n_block_max > 0:
             self._round(n_block_max - 1, True, True, *args)
         n_masked = cutlass.min(n_block_max, self.mask_steps)
-        for step in range(1, n_masked, 1):
-            self._round(n_block_max - 1 - step, False, True, *args)
+        if cutlass.const_expr(self.mask_steps > 1):
+            for step in range(1, n_masked, 1):
+                self._round(n_block_max - 1 - step, False, True, *args)
         for step in range(n_masked, n_block_max, 1):
             n_block = n_block_max - 1 - step
             self._round(n_block, False, False, *args)
@@ -165,9 +171,10 @@ class FlashFwdSm80:
         softmax.finalize(acc_O_mn, lse)
         gO = cute.local_tile(mO[batch, None, head, None], (bm, dp), (m_block, 0))
         epilogue.store_O(cfg, acc_O, tiled_mma, sQ, gO, cQ, seqlen_q, tidx)
-        quad_bits = sum(offsets)  # distinct powers of two
-        epilogue.store_LSE(lse, tScS_mn, mLSE[batch, head, None], m_block * bm, seqlen_q, tidx,
-                           quad_bits)
+        if write_lse != 0:  # else mLSE is a placeholder: the caller did not ask for LSE
+            quad_bits = sum(offsets)  # distinct powers of two
+            epilogue.store_LSE(lse, tScS_mn, mLSE[batch, head, None], m_block * bm, seqlen_q,
+                               tidx, quad_bits)
 
     @cute.jit
     def _copy_row(self, g2s: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
@@ -204,8 +211,8 @@ class FlashFwdSm80:
                tKsK: cute.Tensor, tVgV: cute.Tensor, tVsV: cute.Tensor, tKVcKV: cute.Tensor,
                tSrQ: cute.Tensor, tSrK: cute.Tensor, tOrVt: cute.Tensor, ldsm: dict,
                s2r_q: cute.TiledCopy, s2r_k: cute.TiledCopy, s2r_v: cute.TiledCopy,
-               acc_O: cute.Tensor, acc_O_mn: cute.Tensor, tScS_mn: cute.Tensor, softmax,
-               m_block, seqlen_k, causal_offset):
+               acc_O: cute.Tensor, acc_O_mn: cute.Tensor, mask_at: tuple, softmax, seqlen_k,
+               causal_offset):
         cfg = self.cfg
         acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((cfg.block_m, cfg.block_n)),
                                       cutlass.Float32)
@@ -222,15 +229,16 @@ class FlashFwdSm80:
         cute.copy(s2r_q, tSsQ[None, None, 0], tSrQ_view[None, None, 0])
         cute.copy(s2r_k, tSsK[None, None, 0], tSrK_view[None, None, 0])
         for k in cutlass.range_constexpr(num_k):
-            if cutlass.const_expr(k + 1 < num_k):
+            if cutlass.const_expr(k + 1 < num_k):  # the next k-step loads under this MMA
                 cute.copy(s2r_q, tSsQ[None, None, k + 1], tSrQ_view[None, None, k + 1])
                 cute.copy(s2r_k, tSsK[None, None, k + 1], tSrK_view[None, None, k + 1])
             cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
 
         acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
         if cutlass.const_expr(masked):
-            mask.apply_mask(acc_S_mn, tScS_mn, n_block * cfg.block_n, m_block * cfg.block_m,
-                            seqlen_k, causal_offset, self.causal)
+            row_offsets, col_offsets, query0, col0 = mask_at
+            mask.apply_mask(acc_S_mn, row_offsets, col_offsets, query0,
+                            n_block * cfg.block_n + col0, seqlen_k, causal_offset, self.causal)
 
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()

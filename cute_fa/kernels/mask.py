@@ -23,23 +23,22 @@ def key_visible(query, key, *, causal: bool, causal_offset=0):
 
 
 @cute.jit
-def apply_mask(acc_S_mn: cute.Tensor, tScS_mn: cute.Tensor, key_base, query_base, seqlen_k,
-               causal_offset, causal: cutlass.Constexpr):
+def apply_mask(acc_S_mn: cute.Tensor, row_offsets: cutlass.Constexpr, col_offsets: cutlass.Constexpr,
+               query0, key0, seqlen_k, causal_offset, causal: cutlass.Constexpr):
     """Set to -inf every score whose key is past seqlen_k or, if causal, in the future.
 
-    acc_S_mn is the S accumulator's (row, col) register view and tScS_mn the same
-    view of the identity tensor (tile-local (query, key) of each slot). -inf, not 0,
-    so that the element weighs nothing in the max, the sum and P@V.
+    acc_S_mn is the S accumulator's (row, col) register view; the score in (r, c) is
+    query query0 + row_offsets[r] against key key0 + col_offsets[c], the offsets being
+    compile-time constants read from the layout. One limit per row is computed and
+    compared with the constant column offsets, so no per-element coordinate stays live.
+    -inf, not 0, so that the element weighs nothing in the max, the sum and P@V.
     """
-    for c in cutlass.range_constexpr(cute.size(tScS_mn.shape[1])):
-        key = key_base + tScS_mn[0, c][1]
-        for r in cutlass.range_constexpr(cute.size(tScS_mn.shape[0])):
-            if cutlass.const_expr(causal):
-                limit = cutlass.min(
-                    last_visible_key(query_base + tScS_mn[r, 0][0], causal_offset), seqlen_k - 1
-                )
-                if key > limit:
-                    acc_S_mn[r, c] = -cutlass.Float32.inf
-            else:
-                if key >= seqlen_k:
-                    acc_S_mn[r, c] = -cutlass.Float32.inf
+    limit_past_end = seqlen_k - 1 - key0
+    for r in cutlass.range_constexpr(len(row_offsets)):
+        limit = limit_past_end
+        if cutlass.const_expr(causal):
+            limit = cutlass.min(
+                last_visible_key(query0 + row_offsets[r], causal_offset) - key0, limit_past_end)
+        for c in cutlass.range_constexpr(len(col_offsets)):
+            if col_offsets[c] > limit:
+                acc_S_mn[r, c] = -cutlass.Float32.inf

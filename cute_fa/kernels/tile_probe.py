@@ -32,15 +32,9 @@ class TileProbe:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor,
                  mS: cute.Tensor, mO: cute.Tensor, stream):
         cfg = self.cfg
-        dtype = cutlass_dtype(cfg.dtype)
         sQ_layout = smem.smem_layout_q(cfg)
         sKV_layout = smem.smem_layout_kv(cfg)
-
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sKV_layout)], 1024]
+        SharedStorage = smem.shared_storage(cfg)
 
         self.kernel(mQ, mK, mV, mS, mO, sQ_layout, sKV_layout, SharedStorage).launch(
             grid=(1, 1, 1), block=(cfg.num_threads, 1, 1), stream=stream

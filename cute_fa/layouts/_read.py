@@ -60,6 +60,17 @@ def coordinates(tensor, rank: int) -> np.ndarray:
     return offset + _digits(layout.shape) @ strides
 
 
+def offsets(layout, rank: int) -> np.ndarray:
+    """(size, rank) coordinates of a coordinate layout relative to its first element.
+
+    Inside a kernel a thread's partition of an identity tensor is (dynamic base) +
+    (static layout); this reads the static part, so per-slot coordinate offsets
+    become compile-time constants.
+    """
+    strides = np.stack([_stride_vector(s, rank) for s in _flatten(layout.stride)])
+    return _digits(layout.shape) @ strides
+
+
 def indices(layout) -> np.ndarray:
     """Linear indices addressed by an integer layout, in its own index order."""
     strides = np.asarray([int(s) for s in _flatten(layout.stride)], dtype=np.int64)

@@ -49,3 +49,23 @@ def smem_layout(cfg: TileConfig, tensor: str):
     if tensor not in builders:
         raise ValueError(f"tensor must be one of 'Q', 'K', 'V', 'O', got {tensor!r}")
     return builders[tensor](cfg)
+
+
+def shared_storage(cfg: TileConfig):
+    """The CTA's shared memory: one Q tile (reused for O) and one K and one V tile.
+
+    1024-byte alignment keeps every swizzle atom on the bank pattern it was laid out for.
+    """
+    from ._types import cutlass_dtype
+
+    dtype = cutlass_dtype(cfg.dtype)
+    q_elems = cute.cosize(smem_layout_q(cfg))
+    kv_elems = cute.cosize(smem_layout_kv(cfg))
+
+    @cute.struct
+    class SharedStorage:
+        sQ: cute.struct.Align[cute.struct.MemRange[dtype, q_elems], 1024]
+        sK: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
+        sV: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
+
+    return SharedStorage
