@@ -188,9 +188,11 @@ def ptxas_resources(ptx: str, arch: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"
         src.write_text(ptx)
-        out = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                             capture_output=True, text=True, check=True)
+        cmd = ["ptxas", f"-arch={arch}", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")]
+        out = subprocess.run(cmd, capture_output=True, text=True)
     text = out.stderr + out.stdout
+    if out.returncode:  # e.g. a ptxas older than the PTX ISA the DSL emits
+        raise RuntimeError(f"ptxas -arch={arch} failed:\n{text}")
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", text)]
     spill_st = [int(x) for x in re.findall(r"(\d+) bytes spill stores", text)]
     spill_ld = [int(x) for x in re.findall(r"(\d+) bytes spill loads", text)]
