@@ -211,11 +211,11 @@ def write_report(result: dict, out_dir: Path) -> None:
 def main(out_dir: str, quick: bool = False) -> dict:
     import torch
 
-    import cutlass
+    from .compiler import dsl_version
 
     seqlens = (1024, 8192) if quick else SEQLENS
     result = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
-                  torch=torch.__version__, cutlass_dsl=getattr(cutlass, "__version__", "?"))
+                  torch=torch.__version__, cutlass_dsl=dsl_version())
     result["start"] = start_times()
     result["grid"] = grid_results(torch, seqlens=seqlens)
     result["small_call_us"] = small_call_us(torch)

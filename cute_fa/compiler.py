@@ -36,25 +36,29 @@ class KernelKey:
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def dsl_version() -> str:
+    """nvidia-cutlass-dsl's version, read without importing the DSL (the warm path never does)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("nvidia-cutlass-dsl")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 _fp_cache: list = []
 
 
 def _fingerprint() -> str:
     """Hash of the sources that shape a kernel and of the DSL's version: stale objects never load."""
     if not _fp_cache:
-        from importlib import metadata
-
-        try:  # read the DSL's version without importing it (the warm path never does)
-            dsl_version = metadata.version("nvidia-cutlass-dsl")
-        except metadata.PackageNotFoundError:
-            dsl_version = "unknown"
         h = hashlib.sha256()
         sources = [_PACKAGE_DIR / "compiler.py", *sorted((_PACKAGE_DIR / "layouts").glob("*.py")),
                    *sorted((_PACKAGE_DIR / "kernels").glob("*.py"))]
         for path in sources:
             h.update(path.relative_to(_PACKAGE_DIR).as_posix().encode())
             h.update(path.read_bytes())
-        h.update(dsl_version.encode())
+        h.update(dsl_version().encode())
         _fp_cache.append(h.hexdigest()[:16])
     return _fp_cache[0]
 
@@ -92,12 +96,12 @@ def compile_kernel(key: KernelKey, *, keep_ptx: bool = False):
 
     from .kernels.fwd_sm80 import FlashFwdSm80
 
-    with tempfile.TemporaryDirectory() as tmp:
-        options = f"--gpu-arch={key.arch} --enable-tvm-ffi"
-        if keep_ptx:
-            options += f" --keep-ptx --keep-cubin --dump-dir={tmp}"
-        return cute.compile(FlashFwdSm80(key.tile, key.causal), *fake_arguments(key),
-                            options=options)
+    kernel, options = FlashFwdSm80(key.tile, key.causal), f"--gpu-arch={key.arch} --enable-tvm-ffi"
+    if not keep_ptx:
+        return cute.compile(kernel, *fake_arguments(key), options=options)
+    with tempfile.TemporaryDirectory() as tmp:  # the PTX text stays on the result
+        options += f" --keep-ptx --keep-cubin --dump-dir={tmp}"
+        return cute.compile(kernel, *fake_arguments(key), options=options)
 
 
 _memory: dict = {}

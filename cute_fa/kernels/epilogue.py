@@ -47,14 +47,15 @@ def store_O(cfg: cutlass.Constexpr, acc_O: cute.Tensor, tiled_mma: cute.TiledMma
 
 
 @cute.jit
-def store_LSE(lse: cute.Tensor, tScS_mn: cute.Tensor, gLSE: cute.Tensor, row_base, seqlen_q,
-              tidx, quad_bits: cutlass.Constexpr):
+def store_LSE(lse: cute.Tensor, query0, row_offsets: cutlass.Constexpr, gLSE: cute.Tensor,
+              seqlen_q, tidx, quad_bits: cutlass.Constexpr):
     """One lane per quad writes the LSE of each of its rows (all lanes of a quad agree).
 
-    quad_bits: the OR of the row-reduction XOR offsets (lane bits inside a quad).
+    The thread's rows are query0 + row_offsets[r]; quad_bits is the OR of the
+    row-reduction XOR offsets (lane bits inside a quad).
     """
     if tidx & quad_bits == 0:
-        for r in cutlass.range_constexpr(cute.size(lse)):
-            row = row_base + tScS_mn[r, 0][0]
+        for r in cutlass.range_constexpr(len(row_offsets)):
+            row = query0 + row_offsets[r]
             if row < seqlen_q:
                 gLSE[row] = lse[r]

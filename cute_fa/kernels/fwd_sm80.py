@@ -146,13 +146,14 @@ class FlashFwdSm80:
         col_offsets = tuple(int(x) for x in rc_offsets[::n_rows, 1])
         acc_O_mn = cute.make_tensor(acc_O.iterator, mma_mod.acc_rowcol_layout(acc_O.layout))
         offsets = mma_mod.row_reduce_offsets(tiled_mma)
-        softmax = OnlineSoftmax(cute.size(tScS_mn.shape[0]), scale_log2, offsets)
+        softmax = OnlineSoftmax(n_rows, scale_log2, offsets)
 
         if n_block_max > 0:
             self._load_kv(g2s, tKgK, tKsK, tKVcKV, n_block_max - 1, seqlen_k, True)
         cute.arch.cp_async_commit_group()
 
-        mask_at = (row_offsets, col_offsets, m_block * bm + row0, col0)
+        query0 = m_block * bm + row0
+        mask_at = (row_offsets, col_offsets, query0, col0)
         args = (tiled_mma, thr_mma, g2s, tKgK, tKsK, tVgV, tVsV, tKVcKV, tSrQ, tSrK, tOrVt, ldsm,
                 s2r_q, s2r_k, s2r_v, acc_O, acc_O_mn, mask_at, softmax, seqlen_k, causal_offset)
         # first round: masked, nothing to rescale yet; then the other rounds that may
@@ -173,7 +174,7 @@ class FlashFwdSm80:
         epilogue.store_O(cfg, acc_O, tiled_mma, sQ, gO, cQ, seqlen_q, tidx)
         if write_lse != 0:  # else mLSE is a placeholder: the caller did not ask for LSE
             quad_bits = sum(offsets)  # distinct powers of two
-            epilogue.store_LSE(lse, tScS_mn, mLSE[batch, head, None], m_block * bm, seqlen_q,
+            epilogue.store_LSE(lse, query0, row_offsets, mLSE[batch, head, None], seqlen_q,
                                tidx, quad_bits)
 
     @cute.jit
