@@ -59,7 +59,7 @@ def _cmd_demo(args) -> int:
     dtype = getattr(torch, args.dtype)
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))
     t = time.perf_counter()
-    o = cute_fa.forward(q, k, v, causal=args.causal)
+    o = cute_fa.forward(q, k, v, causal=args.causal, backend=args.backend)
     torch.cuda.synchronize()
     first = time.perf_counter() - t
     ref = torch.nn.functional.scaled_dot_product_attention(
@@ -68,7 +68,7 @@ def _cmd_demo(args) -> int:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(10):
-        cute_fa.forward(q, k, v, causal=args.causal)
+        cute_fa.forward(q, k, v, causal=args.causal, backend=args.backend)
     end.record()
     end.synchronize()
     ms = start.elapsed_time(end) / 10
@@ -98,10 +98,12 @@ def main(argv=None) -> int:
     p_demo.add_argument("--head-dim", type=int, default=128)
     p_demo.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"])
     p_demo.add_argument("--causal", action="store_true")
+    p_demo.add_argument("--backend", default="auto", choices=["auto", "sm80", "tma"])
     p_pre = sub.add_parser("precompile", help="compile kernels into the on-disk cache")
     p_pre.add_argument("--head-dims", default="64,128")
     p_pre.add_argument("--dtypes", default="bfloat16,float16")
     p_pre.add_argument("--arch", default=None, help="e.g. sm_90a; default: this GPU")
+    p_pre.add_argument("--backend", default="auto", choices=["auto", "sm80", "tma"])
     p_bench = sub.add_parser("bench", help="benchmark against torch SDPA and flash-attn-4")
     p_bench.add_argument("--out", default="docs/perf/latest")
     p_bench.add_argument("--quick", action="store_true")
@@ -117,7 +119,8 @@ def main(argv=None) -> int:
             from .precompile import precompile
 
             keys = precompile(head_dims=[int(x) for x in args.head_dims.split(",")],
-                              dtypes=args.dtypes.split(","), arch=args.arch)
+                              dtypes=args.dtypes.split(","), arch=args.arch,
+                              backend=args.backend)
             print(f"{len(keys)} kernels compiled or found in the cache")
             return 0
         if args.command == "bench":

@@ -27,12 +27,19 @@ _EXPORT_NAME = "cute_fa_kernel"
 
 @dataclass(frozen=True)
 class KernelKey:
+    """One compiled kernel. backend 'sm80' is the cp.async kernel (kv_stages and
+    lazy_rescale unused), 'tma' the TMA kernel with a ring of kv_stages K/V buffers."""
+
     arch: str
     causal: bool
     tile: TileConfig
+    backend: str = "sm80"
+    kv_stages: int = 0
+    lazy_rescale: bool = False
 
     def digest(self) -> str:
-        text = repr((self.arch, self.causal, sorted(asdict(self.tile).items()), _fingerprint()))
+        text = repr((self.arch, self.causal, sorted(asdict(self.tile).items()), self.backend,
+                     self.kv_stages, self.lazy_rescale, _fingerprint(self.backend)))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -46,21 +53,31 @@ def dsl_version() -> str:
         return "unknown"
 
 
-_fp_cache: list = []
+_fp_cache: dict = {}
+
+# kernel sources that shape no kernel of the given backend
+_NOT_OF_BACKEND = {"sm80": {"fwd_tma.py", "tile_probe.py"}, "tma": {"fwd_sm80.py", "tile_probe.py"}}
 
 
-def _fingerprint() -> str:
-    """Hash of the sources that shape a kernel and of the DSL's version: stale objects never load."""
-    if not _fp_cache:
+def _fingerprint(backend: str = "sm80") -> str:
+    """Hash of the sources that shape a backend's kernels and of the DSL's version: stale
+    objects never load."""
+    if backend not in _fp_cache:
         h = hashlib.sha256()
-        sources = [_PACKAGE_DIR / "compiler.py", *sorted((_PACKAGE_DIR / "layouts").glob("*.py")),
-                   *sorted((_PACKAGE_DIR / "kernels").glob("*.py"))]
+        # the host-side readers of the layouts (introspection, figures) shape no kernel
+        readers = {"introspect.py", "figures.py"}
+        skip = _NOT_OF_BACKEND.get(backend, set())
+        sources = [_PACKAGE_DIR / "compiler.py",
+                   *sorted(p for p in (_PACKAGE_DIR / "layouts").glob("*.py")
+                           if p.name not in readers),
+                   *sorted(p for p in (_PACKAGE_DIR / "kernels").glob("*.py")
+                           if p.name not in skip)]
         for path in sources:
             h.update(path.relative_to(_PACKAGE_DIR).as_posix().encode())
             h.update(path.read_bytes())
         h.update(dsl_version().encode())
-        _fp_cache.append(h.hexdigest()[:16])
-    return _fp_cache[0]
+        _fp_cache[backend] = h.hexdigest()[:16]
+    return _fp_cache[backend]
 
 
 def cache_dir() -> Path:
@@ -94,9 +111,15 @@ def compile_kernel(key: KernelKey, *, keep_ptx: bool = False):
     """cute.compile the forward kernel for `key` (needs no GPU)."""
     import cutlass.cute as cute
 
-    from .kernels.fwd_sm80 import FlashFwdSm80
+    if key.backend == "tma":
+        from .kernels.fwd_tma import FlashFwdTma
 
-    kernel, options = FlashFwdSm80(key.tile, key.causal), f"--gpu-arch={key.arch} --enable-tvm-ffi"
+        kernel = FlashFwdTma(key.tile, key.causal, key.kv_stages, key.lazy_rescale)
+    else:
+        from .kernels.fwd_sm80 import FlashFwdSm80
+
+        kernel = FlashFwdSm80(key.tile, key.causal)
+    options = f"--gpu-arch={key.arch} --enable-tvm-ffi"
     if not keep_ptx:
         return cute.compile(kernel, *fake_arguments(key), options=options)
     with tempfile.TemporaryDirectory() as tmp:  # the PTX text stays on the result

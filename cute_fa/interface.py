@@ -10,8 +10,8 @@ import math
 
 import torch
 
-from .compiler import KernelKey, get_kernel
-from .tuning import tile_config
+from .compiler import get_kernel
+from .tuning import kernel_key
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -150,21 +150,23 @@ def _single_gpu() -> bool:
     return _GPU_COUNT[0] == 1
 
 
-_DISPATCH: dict = {}  # (device index, dtype, head_dim, causal) -> compiled kernel
+_DISPATCH: dict = {}  # (device index, dtype, head_dim, causal, backend, lazy) -> compiled kernel
 _NO_LSE: dict = {}  # device index -> placeholder LSE tensor (the kernel does not write it)
 
 
-def _kernel_for(device_index: int, dtype, head_dim: int, causal: bool):
-    slot = (device_index, dtype, head_dim, causal)
+def _kernel_for(device_index: int, dtype, head_dim: int, causal: bool, backend: str,
+                lazy_rescale: bool = False):
+    slot = (device_index, dtype, head_dim, causal, backend, lazy_rescale)
     kernel = _DISPATCH.get(slot)
     if kernel is None:
-        arch = _arch(device_index)
-        key = KernelKey(arch, causal, tile_config(arch, _DTYPE_NAMES[dtype], head_dim, causal))
+        key = kernel_key(_arch(device_index), _DTYPE_NAMES[dtype], head_dim, causal, backend,
+                         lazy_rescale)
         kernel = _DISPATCH[slot] = get_kernel(key)
     return kernel
 
 
-def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse):
+def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse, backend,
+         lazy_rescale=False):
     if _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse):
         device_index = q.get_device()
     else:
@@ -172,7 +174,7 @@ def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse):
     batch, seqlen_q, heads_q, head_dim = q.shape
     causal_offset = k.shape[1] - seqlen_q if bottom_right else 0
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-    kernel = _kernel_for(device_index, q.dtype, head_dim, causal)
+    kernel = _kernel_for(device_index, q.dtype, head_dim, causal, backend, lazy_rescale)
     if out is None:
         out = torch.empty_like(q)  # q's memory order where q is dense, else contiguous
     if return_lse:
@@ -193,7 +195,8 @@ def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse):
     return (out, lse) if return_lse else out
 
 
-def forward(q, k, v, causal=False, softmax_scale=None, return_lse=False, out=None):
+def forward(q, k, v, causal=False, softmax_scale=None, return_lse=False, out=None,
+            backend="auto"):
     """FlashAttention forward in flash-attn's layout.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim),
@@ -201,12 +204,14 @@ def forward(q, k, v, causal=False, softmax_scale=None, return_lse=False, out=Non
     bottom-right corner (the last query sees the last key). Returns o, or
     (o, lse) with lse float32 (batch, heads_q, seqlen_q) in natural log; a query
     that sees no key gets o = 0 and lse = -inf.
+    backend: 'sm80' (cp.async, any sm80+ GPU), 'tma' (TMA + mbarrier, sm90+) or
+    'auto' (the faster of the two measured for this GPU, see cute_fa/tuning.py).
     """
     return _run(q, k, v, causal=causal, bottom_right=True, softmax_scale=softmax_scale, out=out,
-                return_lse=return_lse)
+                return_lse=return_lse, backend=backend)
 
 
-def sdpa(q, k, v, is_causal=False, scale=None):
+def sdpa(q, k, v, is_causal=False, scale=None, backend="auto"):
     """Like torch.nn.functional.scaled_dot_product_attention on (batch, heads, seqlen, head_dim).
 
     Top-left causal, as torch does; same kernel as `forward`, reached through strides.
@@ -219,5 +224,6 @@ def sdpa(q, k, v, is_causal=False, scale=None):
                              f"got shape {tuple(t.shape)}")
     out = torch.empty_like(q)
     _run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=is_causal,
-         bottom_right=False, softmax_scale=scale, out=out.transpose(1, 2), return_lse=False)
+         bottom_right=False, softmax_scale=scale, out=out.transpose(1, 2), return_lse=False,
+         backend=backend)
     return out

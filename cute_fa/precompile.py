@@ -9,13 +9,14 @@ from __future__ import annotations
 import itertools
 import os
 
-from .compiler import KernelKey, get_kernel
-from .tuning import tile_config
+from .compiler import get_kernel
+from .tuning import kernel_key
 
 
 def precompile(head_dims=(64, 128), dtypes=("bfloat16", "float16"), causal=(False, True),
-               arch: str | None = None) -> list:
-    """Compile every (head_dim, dtype, causal) combination for `arch` (default: this GPU's)."""
+               arch: str | None = None, backend: str = "auto") -> list:
+    """Compile every (head_dim, dtype, causal) combination for `arch` (default: this GPU's)
+    and `backend` ('auto' compiles what `forward` would pick)."""
     if arch is None:
         import torch
 
@@ -26,7 +27,7 @@ def precompile(head_dims=(64, 128), dtypes=("bfloat16", "float16"), causal=(Fals
         arch = _arch(torch.cuda.current_device())
     keys = []
     for head_dim, dtype, is_causal in itertools.product(head_dims, dtypes, causal):
-        key = KernelKey(arch, bool(is_causal), tile_config(arch, dtype, int(head_dim), bool(is_causal)))
+        key = kernel_key(arch, dtype, int(head_dim), bool(is_causal), backend)
         get_kernel(key)
         keys.append(key)
     return keys

@@ -1,4 +1,4 @@
-"""Tile sizes of the sm80 kernel, chosen per head_dim class, causality and shared memory.
+"""Kernel choice: backend, tile sizes and K/V stages per arch, head_dim class and causality.
 
 Each row is tried in order; the first whose shared memory fits the arch wins.
 (head_dim_max, causal) -> [(block_m, block_n, num_threads), ...]
@@ -10,6 +10,9 @@ causal or not. The smaller fallbacks are for the ~100 KB of sm86/sm89/sm120.
 from __future__ import annotations
 
 from .layouts import TileConfig
+from .layouts.tma import max_kv_stages
+
+BACKENDS = ("sm80", "tma", "auto")
 
 SMEM_BYTES = {  # usable dynamic shared memory per CTA
     "sm_80": 163 * 1024,
@@ -54,3 +57,60 @@ def tile_config(arch: str, dtype: str, head_dim: int, causal: bool) -> TileConfi
         if cfg.smem_bytes() <= budget:
             return cfg
     raise ValueError(f"no tile configuration of head_dim={head_dim} fits {arch}'s shared memory")
+
+
+def tma_supported(arch: str) -> bool:
+    """TMA (cp.async.bulk.tensor) exists from sm90 on."""
+    return int(arch[3:].rstrip("a")) >= 90
+
+
+def resolve_backend(arch: str, backend: str, head_dim: int, causal: bool) -> str:
+    """'sm80' or 'tma' for a requested backend; 'auto' is the faster one measured for the arch."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    if backend == "tma" and not tma_supported(arch):
+        raise ValueError(f"backend='tma' needs an sm90 or newer GPU (TMA); this one is {arch}; "
+                         f"use backend='sm80' or 'auto'")
+    if backend == "auto":
+        return AUTO.get((arch, head_dim_class(head_dim), causal), "sm80")
+    return backend
+
+
+def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str = "auto",
+               lazy_rescale: bool = False):
+    """The KernelKey `forward` compiles and launches for this problem.
+
+    The TMA kernel's lazy rescale is off by default: on the H200 it was worth 0.92x-1.06x
+    (docs/perf/README.md); it stays compiled and benchmarked.
+    """
+    from .compiler import KernelKey
+
+    backend = resolve_backend(arch, backend, head_dim, causal)
+    cfg = tile_config(arch, dtype, head_dim, causal)
+    if backend == "sm80":
+        return KernelKey(arch, causal, cfg)
+    tile = TMA_TILES.get((arch.rstrip("a"), cfg.head_dim_padded))
+    if tile is not None:
+        cfg = TileConfig(head_dim=head_dim, block_m=tile[0], block_n=tile[1],
+                         num_threads=tile[2], dtype=dtype)
+    ctas = TMA_CTAS_PER_SM.get(head_dim_class(head_dim), 2)
+    stages = max_kv_stages(cfg, SMEM_BYTES.get(arch, 99 * 1024), ctas_per_sm=ctas)
+    return KernelKey(arch, causal, cfg, backend="tma", kv_stages=stages,
+                     lazy_rescale=bool(lazy_rescale))
+
+
+# Tiles of the TMA kernel where they differ from TILES, by (arch, padded head_dim): on
+# sm_120a, ptxas spills the 128x64 tile at a padded head_dim of 128 (32 query rows per warp:
+# 128 O + 64 S accumulators per thread) by up to 456 bytes; 128x32 compiles without spills
+# (while at 96 it is 128x32 that spills). Checked with ptxas only, not on an sm120 GPU.
+TMA_TILES = {("sm_120", 128): (128, 32, 128)}
+
+# CTAs per SM the TMA kernel's K/V ring is sized for (default 2). head_dim 64 was sized for
+# three (3 stages instead of 4, run4-tma in docs/perf/); ptxas gives it 165-221 registers, so
+# in most builds only two CTAs fit the register file anyway, and 3 vs 4 stages measured no
+# consistent difference (run3-tma vs run4-tma).
+TMA_CTAS_PER_SM = {64: 3}
+
+# 'auto' picks per (arch, head_dim class, causal); absent entries use the sm80 kernel.
+# Measured on the H200 (docs/perf/README.md); sm120 is not measured here, so it stays on sm80.
+AUTO: dict = {("sm_90a", 128, False): "tma", ("sm_90a", 128, True): "tma"}

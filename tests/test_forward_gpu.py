@@ -2,6 +2,7 @@
 
 For each case the error of cute_fa must be at most about the error of torch SDPA
 (its default backend) on the same inputs: max|err_cute_fa| <= 2 * max|err_sdpa| + 1e-3 * scale.
+Every case runs on each backend: the sm80 (cp.async) kernel and the TMA kernel.
 """
 
 import math
@@ -12,6 +13,8 @@ from gpu_grid import SHAPES
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
+
+BACKENDS = ["sm80", "tma"]
 
 
 def reference(q, k, v, *, causal, causal_offset, scale):
@@ -68,9 +71,10 @@ def check_case(o, lse, q, k, v, *, causal, causal_offset, scale):
         assert lse_err <= 1e-3 * max(1.0, lse_ref.where(~empty, 0).abs().max().item()), lse_err
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-q{}-k{}-h{}/{}-d{}-{}-{}".format(
     *s[:6], "causal" if s[6] else "full", s[7]))
-def test_forward_grid(shape):
+def test_forward_grid(shape, backend):
     import cute_fa
 
     b, sq, sk, hq, hk, d, causal, dtype = shape
@@ -79,16 +83,37 @@ def test_forward_grid(shape):
     k = rand(b, sk, hk, d, dtype=dtype, gen=gen)
     v = rand(b, sk, hk, d, dtype=dtype, gen=gen)
     out = torch.full_like(q, float("nan"))  # poisoned: every element must be written
-    o, lse = cute_fa.forward(q, k, v, causal=causal, return_lse=True, out=out)
+    o, lse = cute_fa.forward(q, k, v, causal=causal, return_lse=True, out=out, backend=backend)
     assert o.data_ptr() == out.data_ptr()
     assert lse.shape == (b, hq, sq) and lse.dtype == torch.float32
     check_case(o, lse, q, k, v, causal=causal, causal_offset=sk - sq, scale=1 / math.sqrt(d))
-    o2 = cute_fa.forward(q, k, v, causal=causal)
+    o2 = cute_fa.forward(q, k, v, causal=causal, backend=backend)
     assert torch.equal(o2, o), "repeat runs must be bitwise identical"
 
 
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "eager"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_sdpa_entry_point_top_left(causal):
+def test_tma_rescale_under_growing_max(causal, lazy):
+    """Keys are walked from the last block down; making the early keys much larger makes
+    every row's max jump by far more than the lazy threshold (2^8) mid-sweep, so both the
+    kept-stale-max path and the rescale path run."""
+    from cute_fa import interface
+
+    gen = torch.Generator(device="cuda").manual_seed(21 + causal)
+    b, s, h, d = 1, 700, 4, 128
+    q = rand(b, s, h, d, dtype="bfloat16", gen=gen) * 2
+    k = rand(b, s, h, d, dtype="bfloat16", gen=gen)
+    k[:, : s // 2] *= 6
+    v = rand(b, s, h, d, dtype="bfloat16", gen=gen)
+    out = torch.full_like(q, float("nan"))
+    o, lse = interface._run(q, k, v, causal=causal, bottom_right=True, softmax_scale=None, out=out,
+                            return_lse=True, backend="tma", lazy_rescale=lazy)
+    check_case(o, lse, q, k, v, causal=causal, causal_offset=0, scale=1 / math.sqrt(d))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_entry_point_top_left(causal, backend):
     import cute_fa
 
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -96,7 +121,7 @@ def test_sdpa_entry_point_top_left(causal):
     q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.float16, generator=gen)
     k = torch.randn(b, h, sk, d, device="cuda", dtype=torch.float16, generator=gen)
     v = torch.randn(b, h, sk, d, device="cuda", dtype=torch.float16, generator=gen)
-    o = cute_fa.sdpa(q, k, v, is_causal=causal, scale=0.1)
+    o = cute_fa.sdpa(q, k, v, is_causal=causal, scale=0.1, backend=backend)
     assert o.shape == q.shape
     check_case(o.transpose(1, 2), None, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                causal=causal, causal_offset=0, scale=0.1)
@@ -105,7 +130,8 @@ def test_sdpa_entry_point_top_left(causal):
         assert (o.float() - ref.float()).abs().max().item() < 2e-2
 
 
-def test_packed_qkv_strides():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_packed_qkv_strides(backend):
     import cute_fa
 
     gen = torch.Generator(device="cuda").manual_seed(9)
@@ -113,13 +139,15 @@ def test_packed_qkv_strides():
     qkv = torch.randn(b, s, 3, h, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     q, k, v = qkv.unbind(2)  # non-contiguous views into one buffer
     assert not q.is_contiguous()
-    o, lse = cute_fa.forward(q, k, v, causal=True, return_lse=True)
+    o, lse = cute_fa.forward(q, k, v, causal=True, return_lse=True, backend=backend)
     check_case(o, lse, q, k, v, causal=True, causal_offset=0, scale=1 / math.sqrt(d))
-    o_contig = cute_fa.forward(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+    o_contig = cute_fa.forward(q.contiguous(), k.contiguous(), v.contiguous(), causal=True,
+                               backend=backend)
     assert torch.equal(o, o_contig)
 
 
-def test_softmax_scale_and_non_contiguous_out():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_softmax_scale_and_non_contiguous_out(backend):
     import cute_fa
 
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -128,7 +156,7 @@ def test_softmax_scale_and_non_contiguous_out():
     v = torch.randn(1, 80, 2, 64, device="cuda", dtype=torch.float16, generator=gen)
     big = torch.full((1, 2, 64, 64), float("nan"), device="cuda", dtype=torch.float16)
     out = big.transpose(1, 2)  # (1, 64, 2, 64) view with head-major strides
-    o = cute_fa.forward(q, k, v, softmax_scale=0.3, out=out)
+    o = cute_fa.forward(q, k, v, softmax_scale=0.3, out=out, backend=backend)
     assert o.data_ptr() == big.data_ptr()
     check_case(o, None, q, k, v, causal=False, causal_offset=0, scale=0.3)
 
@@ -148,4 +176,6 @@ def test_bad_input_leaves_out_untouched():
     misaligned = torch.empty(q.numel() + 8, device="cuda", dtype=q.dtype)[1:1 + q.numel()]
     with pytest.raises(ValueError, match="16-byte"):
         cute_fa.forward(misaligned.view(q.shape), k, k, out=out)
+    with pytest.raises(ValueError, match="backend must be one of 'sm80', 'tma', 'auto'"):
+        cute_fa.forward(q, k, k, out=out, backend="cudnn")
     assert (out == 7.0).all()

@@ -5,12 +5,16 @@ them in 16-row slabs; K and V stream through shared memory in `block_n`-row
 tiles while Q stays resident. Per K/V round (walked from the last key block
 down, so the blocks that need masking come first):
 
-    wait K[n], sync; start V[n] ........ V loads under Q@K^T
+    wait K[n], sync; start V[n] ........ V loads under Q@K^T and softmax
     S = Q @ K[n]^T (ldmatrix + mma)
     mask (only in the first rounds: sequence tail and causal diagonal)
-    wait V[n], sync; start K[n-1] ...... K loads under softmax and P@V
     online softmax on S's row view (quad shuffles, exp2 with the scale folded in)
+    wait V[n], sync; start K[n-1] ...... K loads under P@V
     O += P @ V[n], P straight from registers (the S->A view)
+
+The V wait comes after the softmax so that ptxas cannot hoist V's ldmatrix above
+it (a barrier fences them): hoisted, they held V fragments live across the softmax
+and spilled ~200 bytes at head_dim 128, for the same speed.
 
 then O is normalised, written through smem (reusing sQ) with 128-bit stores, and
 LSE is written. Every layout, copy and MMA comes from `cute_fa.layouts`.
@@ -29,10 +33,11 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.memory
 
-from ..layouts import TileConfig, _read, copies, mma as mma_mod, smem
+from ..layouts import TileConfig, copies, mma as mma_mod, smem
 from ..layouts._types import cutlass_dtype
 from . import epilogue, mask
-from .softmax import OnlineSoftmax
+from .gemm import gemm_ldmatrix
+from .thread_mma import thread_mma
 
 LOG2_E = math.log2(math.e)
 
@@ -69,19 +74,12 @@ class FlashFwdSm80:
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch = cute.arch.block_idx()
-        if cutlass.const_expr(self.causal):
-            # the longest rows (most key blocks) start first: a shorter tail of the wave
-            m_block = cute.arch.grid_dim()[0] - 1 - m_block
+        m_block, head, batch = mask.block_coords(self.causal)
         seqlen_q = mQ.shape[1]
         seqlen_k = mK.shape[1]
         head_kv = head // (mQ.shape[2] // mK.shape[2])
-
         # K/V tiles are walked from n_block_max - 1 down to 0
-        n_block_max = (seqlen_k + bn - 1) // bn
-        if cutlass.const_expr(self.causal):
-            last_key = mask.last_visible_key((m_block + 1) * bm - 1, causal_offset)
-            n_block_max = cutlass.min(n_block_max, (cutlass.max(last_key + 1, 0) + bn - 1) // bn)
+        n_block_max = mask.key_block_count(seqlen_k, m_block, bm, bn, causal_offset, self.causal)
 
         gQ = cute.local_tile(mQ[batch, None, head, None], (bm, dp), (m_block, 0))
         gK = cute.local_tile(mK[batch, None, head_kv, None], (bn, dp), (None, 0))
@@ -114,39 +112,11 @@ class FlashFwdSm80:
             else:
                 tQsQ[None, m, None].fill(0.0)
 
-        tiled_mma = mma_mod.tiled_mma(cfg)
-        thr_mma = tiled_mma.get_slice(tidx)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
-        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
-        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, dp)), cutlass.Float32)
-        acc_O.fill(0.0)
-
-        s2r_q = copies.smem_tiled_copy_q(cfg, tiled_mma)
-        s2r_k = copies.smem_tiled_copy_k(cfg, tiled_mma)
-        s2r_v = copies.smem_tiled_copy_v(cfg, tiled_mma)
-        thr_s2r_q = s2r_q.get_slice(tidx)
-        thr_s2r_k = s2r_k.get_slice(tidx)
-        thr_s2r_v = s2r_v.get_slice(tidx)
-        ldsm = dict(
-            tSsQ=thr_s2r_q.partition_S(sQ), tSrQ_view=thr_s2r_q.retile(tSrQ),
-            tSsK=thr_s2r_k.partition_S(sK), tSrK_view=thr_s2r_k.retile(tSrK),
-            tOsVt=thr_s2r_v.partition_S(sVt), tOrVt_view=thr_s2r_v.retile(tOrVt),
-        )
-
-        cS = cute.make_identity_tensor((bm, bn))
-        tScS = thr_mma.partition_C(cS)
-        tScS_mn = cute.make_tensor(tScS.iterator, mma_mod.acc_rowcol_layout(tScS.layout))
-        # this thread's first (query, key) in the tile, and the constant offsets of its
-        # rows and columns from it
-        row0, col0 = tScS_mn[0, 0]
-        rc_offsets = _read.offsets(tScS_mn.layout, 2)
-        n_rows = cute.size(tScS_mn.shape[0])
-        row_offsets = tuple(int(x) for x in rc_offsets[:n_rows, 0])
-        col_offsets = tuple(int(x) for x in rc_offsets[::n_rows, 1])
-        acc_O_mn = cute.make_tensor(acc_O.iterator, mma_mod.acc_rowcol_layout(acc_O.layout))
-        offsets = mma_mod.row_reduce_offsets(tiled_mma)
-        softmax = OnlineSoftmax(n_rows, scale_log2, offsets)
+        f = thread_mma(cfg, tidx, sQ, sK, sVt, sK, sVt, scale_log2)
+        tiled_mma, thr_mma, softmax = f.tiled_mma, f.thr_mma, f.softmax
+        acc_O, acc_O_mn = f.acc_O, f.acc_O_mn
+        row_offsets, col_offsets, offsets = f.row_offsets, f.col_offsets, f.reduce_offsets
+        row0, col0 = f.row0, f.col0
 
         if n_block_max > 0:
             self._load_kv(g2s, tKgK, tKsK, tKVcKV, n_block_max - 1, seqlen_k, True)
@@ -154,8 +124,9 @@ class FlashFwdSm80:
 
         query0 = m_block * bm + row0
         mask_at = (row_offsets, col_offsets, query0, col0)
-        args = (tiled_mma, thr_mma, g2s, tKgK, tKsK, tVgV, tVsV, tKVcKV, tSrQ, tSrK, tOrVt, ldsm,
-                s2r_q, s2r_k, s2r_v, acc_O, acc_O_mn, mask_at, softmax, seqlen_k, causal_offset)
+        args = (tiled_mma, thr_mma, g2s, tKgK, tKsK, tVgV, tVsV, tKVcKV, f.tSrQ, f.tSrK, f.tOrVt,
+                f.ldsm, f.s2r_q, f.s2r_k, f.s2r_v, acc_O, acc_O_mn, mask_at, softmax, seqlen_k,
+                causal_offset)
         # first round: masked, nothing to rescale yet; then the other rounds that may
         # need masking; then the unmasked rest
         if n_block_max > 0:
@@ -226,14 +197,8 @@ class FlashFwdSm80:
 
         tSsQ, tSrQ_view = ldsm["tSsQ"], ldsm["tSrQ_view"]
         tSsK, tSrK_view = ldsm["tSsK"], ldsm["tSrK_view"]
-        num_k = cute.size(tSsQ.shape[2])
-        cute.copy(s2r_q, tSsQ[None, None, 0], tSrQ_view[None, None, 0])
-        cute.copy(s2r_k, tSsK[None, None, 0], tSrK_view[None, None, 0])
-        for k in cutlass.range_constexpr(num_k):
-            if cutlass.const_expr(k + 1 < num_k):  # the next k-step loads under this MMA
-                cute.copy(s2r_q, tSsQ[None, None, k + 1], tSrQ_view[None, None, k + 1])
-                cute.copy(s2r_k, tSsK[None, None, k + 1], tSrK_view[None, None, k + 1])
-            cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+        gemm_ldmatrix(tiled_mma, acc_S, tSrQ, tSrK, s2r_k, tSsK, tSrK_view, s2r_q, tSsQ, tSrQ_view,
+                      fine=False)
 
         acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
         if cutlass.const_expr(masked):
@@ -241,21 +206,16 @@ class FlashFwdSm80:
             mask.apply_mask(acc_S_mn, row_offsets, col_offsets, query0,
                             n_block * cfg.block_n + col0, seqlen_k, causal_offset, self.causal)
 
+        softmax.step(acc_S_mn, acc_O_mn, is_first)
+
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         if n_block > 0:
             self._load_kv(g2s, tKgK, tKsK, tKVcKV, n_block - 1, seqlen_k, False)
         cute.arch.cp_async_commit_group()
 
-        softmax.step(acc_S_mn, acc_O_mn, is_first)
-
         rP = cute.make_fragment_like(acc_S, cutlass_dtype(cfg.dtype))
         rP.store(acc_S.load().to(cutlass_dtype(cfg.dtype)))
         tOrP = cute.make_tensor(rP.iterator, mma_mod.acc_to_a_layout(rP.layout))
         tOsVt, tOrVt_view = ldsm["tOsVt"], ldsm["tOrVt_view"]
-        num_kv = cute.size(tOrP.shape[2])
-        cute.copy(s2r_v, tOsVt[None, None, 0], tOrVt_view[None, None, 0])
-        for k in cutlass.range_constexpr(num_kv):
-            if cutlass.const_expr(k + 1 < num_kv):
-                cute.copy(s2r_v, tOsVt[None, None, k + 1], tOrVt_view[None, None, k + 1])
-            cute.gemm(tiled_mma, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
+        gemm_ldmatrix(tiled_mma, acc_O, tOrP, tOrVt, s2r_v, tOsVt, tOrVt_view)

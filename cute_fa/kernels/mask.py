@@ -1,4 +1,5 @@
-"""Which keys a query may see: the one rule shared by the kernels and the host side.
+"""Which keys a query may see: the one rule shared by the kernels and the host side, and
+which query and key blocks a CTA visits.
 
 causal_offset = Sk - Sq aligns the bottom-right corner (flash-attn's causal);
 causal_offset = 0 is the top-left alignment of the walkthrough and of torch SDPA.
@@ -20,6 +21,25 @@ def key_visible(query, key, *, causal: bool, causal_offset=0):
     if not causal:
         return True
     return key <= last_visible_key(query, causal_offset)
+
+
+def block_coords(causal: bool):
+    """(query block, head, batch) of this CTA. Under causal masking the grid is walked in
+    reverse, so the longest rows (most key blocks) start first: a shorter tail of the wave."""
+    m_block, head, batch = cute.arch.block_idx()
+    if causal:
+        m_block = cute.arch.grid_dim()[0] - 1 - m_block
+    return m_block, head, batch
+
+
+def key_block_count(seqlen_k, m_block, block_m: int, block_n: int, causal_offset, causal: bool):
+    """Key blocks query block `m_block` visits (walked from the last one down): all of them,
+    or under causal masking those up to the last key its last query sees."""
+    n_blocks = (seqlen_k + block_n - 1) // block_n
+    if causal:
+        last_key = last_visible_key((m_block + 1) * block_m - 1, causal_offset)
+        n_blocks = cutlass.min(n_blocks, (cutlass.max(last_key + 1, 0) + block_n - 1) // block_n)
+    return n_blocks
 
 
 @cute.jit

@@ -5,6 +5,13 @@ scale); weights are exp2(S * scale_log2 - row_max * scale_log2), with
 scale_log2 = softmax_scale * log2(e) folded into one FFMA per element.
 Each thread keeps its partial row sums across K/V rounds; they are combined
 across the quad once, at the end (the rescale factors are equal within a quad).
+
+Lazy rescale (`lazy_threshold`, in log2 units): a row keeps its stale max, and O is
+not rescaled, while the true max has grown by at most the threshold; the weights
+are then at most 2^threshold, harmless in fp32 sums and in fp16/bf16 P. 8 is the
+seed kernel's choice (it rescales once the pending factor drops below 2^-8). The
+skip is decided per warp (one vote per round), so the branch around the O multiply is
+uniform.
 """
 
 import math
@@ -31,8 +38,9 @@ def _add(a, b):
 
 
 class OnlineSoftmax:
-    def __init__(self, num_rows: int, scale_log2, reduce_offsets):
+    def __init__(self, num_rows: int, scale_log2, reduce_offsets, lazy_threshold=None):
         self.scale_log2 = scale_log2
+        self.lazy_threshold = lazy_threshold
         self.offsets = reduce_offsets
         self.row_max = cute.make_rmem_tensor(num_rows, cutlass.Float32)
         self.row_sum = cute.make_rmem_tensor(num_rows, cutlass.Float32)
@@ -40,13 +48,24 @@ class OnlineSoftmax:
         self.row_sum.fill(0.0)
 
     @cute.jit
-    def step(self, acc_S_mn: cute.Tensor, acc_O_mn: cute.Tensor, is_first: cutlass.Constexpr):
-        """Turn this round's scores into weights in place and rescale O and the row sums."""
+    def step(self, acc_S_mn: cute.Tensor, acc_O_mn: cute.Tensor, is_first: cutlass.Constexpr,
+             eager: cutlass.Constexpr = False):
+        """Turn this round's scores into weights in place and rescale O and the row sums
+        (always, with `eager`: no lazy rescale in this round)."""
+        lazy = self.lazy_threshold is not None and not is_first and not eager
+        alphas = []
+        growth = None
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
             row = acc_S_mn[r, None].load()
             m_prev = self.row_max[r]
             m_cur = row.reduce(cute.ReductionOp.MAX, m_prev, 0)
             m_cur = quad_allreduce(m_cur, self.offsets, _max)
+            if cutlass.const_expr(lazy):
+                # a first visible key after -inf grows by inf: taken. Still all -inf (nan):
+                # kept, which changes nothing (O and the sum are 0, alpha is 0).
+                g = (m_cur - m_prev) * self.scale_log2
+                m_cur = m_cur if g > self.lazy_threshold else m_prev
+                growth = g if r == 0 else cute.arch.fmax(growth, g)
             # a row that has seen only masked keys keeps max -inf: use 0 as its base
             m_base = 0.0 if m_cur == -cutlass.Float32.inf else m_cur
             m_scaled = m_base * self.scale_log2
@@ -55,10 +74,18 @@ class OnlineSoftmax:
             if cutlass.const_expr(not is_first):
                 alpha = cute.math.exp2(m_prev * self.scale_log2 - m_scaled, fastmath=True)
                 row_sum = row_sum + self.row_sum[r] * alpha
-                acc_O_mn[r, None] = acc_O_mn[r, None].load() * alpha
+                if cutlass.const_expr(lazy):
+                    alphas.append(alpha)  # 1 for a row that kept its max
+                else:
+                    acc_O_mn[r, None] = acc_O_mn[r, None].load() * alpha
             self.row_max[r] = m_cur
             self.row_sum[r] = row_sum
             acc_S_mn[r, None] = p
+        if cutlass.const_expr(lazy):
+            # one warp-uniform branch: O is rescaled only if some row of the warp moved on
+            if cute.arch.vote_any_sync(growth > self.lazy_threshold):
+                for r in cutlass.range_constexpr(cute.size(self.row_max)):
+                    acc_O_mn[r, None] = acc_O_mn[r, None].load() * alphas[r]
 
     @cute.jit
     def finalize(self, acc_O_mn: cute.Tensor, lse: cute.Tensor):

@@ -131,6 +131,9 @@ class TileConfig:
 
     def smem_bytes(self, kv_stages: int = 1) -> int:
         """Shared memory of Q plus `kv_stages` K and V tiles (O reuses Q)."""
-        q = self.block_m * self.head_dim_padded
-        kv = 2 * kv_stages * self.block_n * self.head_dim_padded
-        return (q + kv) * self.elem_bytes
+        q = self.block_m * self.head_dim_padded * self.elem_bytes
+        return q + kv_stages * self.smem_bytes_kv_stage()
+
+    def smem_bytes_kv_stage(self) -> int:
+        """One K tile and one V tile."""
+        return 2 * self.block_n * self.head_dim_padded * self.elem_bytes

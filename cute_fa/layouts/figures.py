@@ -123,3 +123,44 @@ def copy_map(layouts, tensor: str = "Q", rows=None, ax=None):
     ax.set_ylabel("row")
     ax.set_title(f"{tensor}: cp.async thread of each chunk")
     return ax
+
+
+def tma_box_map(layouts, stage: int = 0, rows: int = 16, ax=None):
+    """K tile of one ring stage: which TMA box wrote each 16-byte chunk, and its bank group."""
+    import matplotlib.pyplot as plt
+
+    cfg = layouts.config
+    box = layouts.tma_box("K")
+    n_chunks = cfg.head_dim_padded // cfg.vector_elems
+    boxes = np.array([[c * cfg.vector_elems // box.cols for c in range(n_chunks)]] * rows)
+    groups = np.array([[bank_group(layouts.ring_offset("K", r, c * cfg.vector_elems, stage),
+                                   cfg.elem_bytes) for c in range(n_chunks)] for r in range(rows)])
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1 + 0.55 * n_chunks, 1 + 0.3 * rows))
+    ax.imshow(boxes, cmap="Pastel1", vmin=0, vmax=8, interpolation="nearest", aspect="auto")
+    for (i, j), g in np.ndenumerate(groups):
+        ax.text(j, i, str(g), ha="center", va="center", fontsize=7)
+    ax.set_xlabel(f"16-byte chunk of the row (colour: TMA box, {box.cols} columns each)")
+    ax.set_ylabel("key row")
+    ax.set_title(f"K, ring stage {stage}: bank group of each chunk ({box.swizzle_bytes}-byte swizzle)")
+    return ax
+
+
+def ring_timeline(rounds, stages: int, ax=None):
+    """Each K/V tile from the TMA command that starts it to the round that waits for it."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.5 + 1.1 * len(rounds), 0.8 + 0.6 * stages))
+    for r in rounds:
+        issued = r["round"] - stages + 0.9 if r["round"] >= stages else -0.6
+        ax.barh(r["stage"], r["round"] + 0.45 - issued, left=issued, height=0.5, alpha=0.6,
+                color=f"C{r['key_block'] % 10}")
+        ax.text(r["round"] + 0.4, r["stage"], f"block {r['key_block']}\nphase {r['wait_phase']}",
+                ha="right", va="center", fontsize=7)
+    ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
+    ax.set_xticks(range(len(rounds)), [f"round {r['round']}" for r in rounds])
+    ax.set_xlim(-0.7, len(rounds) - 0.3)
+    ax.invert_yaxis()
+    ax.set_title("K/V tiles in flight: issued (left end) ... waited for (right end)")
+    return ax

@@ -107,6 +107,21 @@ def _collect(cfg: TileConfig) -> dict:
             )
             out["cosize_" + name] = int(cute.cosize(layout))
         out["swizzle_atom"] = str(smem.smem_layout_atom(cfg))
+        ring = smem.smem_layout_kv(cfg, 2)  # the TMA kernel's K/V ring, two stages
+        out["swizzle"]["KV_ring"] = np.array(
+            [[[ring((r, c, st)) for st in range(2)] for c in range(dp)] for r in range(bn)],
+            dtype=np.int64,
+        )
+        # the same ring as handed to TMA: an unswizzled tile plus a swizzle of byte addresses
+        from . import tma
+
+        ring_tma = tma.tma_smem_layout(cfg, "K", 2)
+        out["tma_byte_swizzle"] = tuple(int(x) for x in
+                                        str(ring_tma.inner).strip("S<>").split(","))
+        out["swizzle"]["KV_ring_tma_unswizzled"] = np.array(
+            [[[ring_tma.outer((r, c, st)) for st in range(2)] for c in range(dp)]
+             for r in range(bn)], dtype=np.int64,
+        )
 
     @cute.jit
     def trace():
@@ -313,6 +328,55 @@ class FlashLayouts:
             ks = [c.block_n * n_block + k for k in keys]
             keep[q] = [k for k in ks if key_visible(q, k, causal=True, causal_offset=0)]
         return keep
+
+    def ring_offset(self, tensor: str, row: int, col: int, stage: int) -> int:
+        """Element offset of (row, col) of stage `stage` of the TMA kernel's two-stage K/V ring."""
+        if tensor not in ("K", "V"):
+            raise ValueError(f"tensor must be 'K' or 'V', got {tensor!r}")
+        table = self._t["swizzle"]["KV_ring"]
+        rows, cols, stages = table.shape
+        for name, value, limit in (("row", row, rows), ("col", col, cols),
+                                   ("stage", stage, stages)):
+            if not 0 <= value < limit:
+                raise ValueError(f"{name} must be in [0, {limit}), got {value}")
+        return int(table[row, col, stage])
+
+    def ring_byte_tma(self, row: int, col: int, stage: int) -> int:
+        """Byte offset TMA writes K's (row, col) of `stage` to, from the layout handed to TMA:
+        its unswizzled offset in bytes, then its byte swizzle Swizzle<B,M,S>."""
+        b, m, sh = self._t["tma_byte_swizzle"]
+        linear = int(self._t["swizzle"]["KV_ring_tma_unswizzled"][row, col, stage])
+        byte = linear * self.config.elem_bytes
+        yyy = ((1 << b) - 1) << (m + sh)
+        return byte ^ ((byte & yyy) >> sh)
+
+    def tma_box(self, tensor: str = "K"):
+        """The TMA box of one tile: rows, columns, swizzle bytes, boxes per tile, bytes per tile."""
+        from .tma import tma_box
+
+        if tensor not in ("Q", "K", "V"):
+            raise ValueError(f"tensor must be one of 'Q', 'K', 'V', got {tensor!r}")
+        return tma_box(self.config, tensor)
+
+    def tma_objects(self, stages: int = 2) -> dict:
+        """The TMA copy atom, TMA tensor, smem ring and tma_partition of K, as the DSL prints them."""
+        from .tma import describe
+
+        return describe(self.config, stages)
+
+    @staticmethod
+    def ring_rounds(n_blocks: int, stages: int = 2) -> list:
+        """The TMA kernel's K/V rounds: which key block, stage and mbarrier phase each uses,
+        and which block's load it starts when it frees its stage."""
+        from .tma import ring_slot
+
+        rounds = []
+        for i in range(n_blocks):
+            stage, phase = ring_slot(i, stages)
+            refill = n_blocks - 1 - (i + stages) if i + stages < n_blocks else None
+            rounds.append({"round": i, "key_block": n_blocks - 1 - i, "stage": stage,
+                           "wait_phase": phase, "refills_with_block": refill})
+        return rounds
 
     def describe_lane(self, tid: int) -> str:
         """A human-readable account of what `tid` holds and whom it talks to."""

@@ -27,20 +27,25 @@ def smem_layout_q(cfg: TileConfig):
     return cute.tile_to_shape(smem_layout_atom(cfg), (cfg.block_m, cfg.head_dim_padded), (0, 1))
 
 
-def smem_layout_kv(cfg: TileConfig):
-    """(block_n, head_dim_padded) -> element offset, for one K or V stage."""
-    return cute.tile_to_shape(smem_layout_atom(cfg), (cfg.block_n, cfg.head_dim_padded), (0, 1))
+def smem_layout_kv(cfg: TileConfig, stages: int = 0):
+    """(block_n, head_dim_padded) -> element offset, for one K or V stage; with `stages`,
+    (block_n, head_dim_padded, stages) for a ring of them, each stage a whole number of atoms."""
+    if not stages:
+        return cute.tile_to_shape(smem_layout_atom(cfg), (cfg.block_n, cfg.head_dim_padded),
+                                  (0, 1))
+    return cute.tile_to_shape(smem_layout_atom(cfg),
+                              (cfg.block_n, cfg.head_dim_padded, stages), (0, 1, 2))
 
 
 smem_layout_o = smem_layout_q
 
 
-def transposed_v(sV, cfg: TileConfig):
-    """sVt(d, key): the same smem as sV(key, d), read as the B operand of P@V."""
-    return cute.composition(
-        sV,
-        cute.make_layout((cfg.head_dim_padded, cfg.block_n), stride=(cfg.block_n, 1)),
-    )
+def transposed_v(sV, cfg: TileConfig, stages: int = 0):
+    """sVt(d, key[, stage]): the same smem as sV(key, d[, stage]), read as the B operand of P@V."""
+    dp, bn = cfg.head_dim_padded, cfg.block_n
+    if not stages:
+        return cute.composition(sV, cute.make_layout((dp, bn), stride=(bn, 1)))
+    return cute.composition(sV, cute.make_layout((dp, bn, stages), stride=(bn, 1, bn * dp)))
 
 
 def smem_layout(cfg: TileConfig, tensor: str):
@@ -51,21 +56,33 @@ def smem_layout(cfg: TileConfig, tensor: str):
     return builders[tensor](cfg)
 
 
-def shared_storage(cfg: TileConfig):
-    """The CTA's shared memory: one Q tile (reused for O) and one K and one V tile.
+def shared_storage(cfg: TileConfig, stages: int = 0):
+    """The CTA's shared memory: one Q tile (reused for O) and one K and one V tile, or with
+    `stages` a ring of K and V tiles and its mbarriers (one for Q, one per K and per V stage).
 
-    1024-byte alignment keeps every swizzle atom on the bank pattern it was laid out for.
+    1024-byte alignment keeps every swizzle atom on the bank pattern it was laid out for
+    (TMA's 128-byte swizzle requires it).
     """
+    import cutlass
+
     from ._types import cutlass_dtype
 
     dtype = cutlass_dtype(cfg.dtype)
     q_elems = cute.cosize(smem_layout_q(cfg))
-    kv_elems = cute.cosize(smem_layout_kv(cfg))
+    kv_elems = cute.cosize(smem_layout_kv(cfg, stages))
+
+    if not stages:
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, q_elems], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
+        return SharedStorage
 
     @cute.struct
-    class SharedStorage:
+    class RingStorage:
+        mbar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, 1 + 2 * stages], 8]
         sQ: cute.struct.Align[cute.struct.MemRange[dtype, q_elems], 1024]
         sK: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
         sV: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
-
-    return SharedStorage
+    return RingStorage

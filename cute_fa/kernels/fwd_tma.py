@@ -1,0 +1,226 @@
+"""The TMA forward kernel (sm90, sm120): TMA + mbarrier loads feeding ldmatrix + mma.sync m16n8k16.
+
+The same FlashAttention-2 split-Q schedule, MMA, softmax, mask and epilogue as
+`fwd_sm80`; what changes is how tiles reach shared memory. One thread issues a
+whole tile per command (cp.async.bulk.tensor through a tensor map), the copy
+engine signals an mbarrier when the bytes have landed, and no thread spends
+registers or instructions on addresses or predicates: tails and head_dim
+padding come back as zeros from TMA's out-of-bounds fill.
+
+K and V stream through a ring of `kv_stages` buffers, each with its own
+mbarrier for K and for V (see `cute_fa.layouts.tma.ring_slot`). Per round i,
+on key block n (walked from the last one down):
+
+    wait K[stage] ............... V of this round is still landing
+    S = Q @ K^T, mask, online softmax (lazy rescale optional)
+    wait V[stage]
+    O += P @ V
+    sync; thread 0 refills the stage with the K and V of round i + kv_stages
+
+so a tile has kv_stages - 1 whole rounds to land, and V's wait comes after the
+softmax, as in `../shared/seeds/001_*`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+from cutlass.cute.nvgpu import cpasync
+
+from ..layouts import TileConfig, mma as mma_mod, smem, tma
+from ..layouts._types import cutlass_dtype
+from . import epilogue, mask
+from .gemm import gemm_ldmatrix
+from .thread_mma import thread_mma
+
+LOG2_E = math.log2(math.e)
+LAZY_RESCALE_THRESHOLD = 8.0  # log2 units: the seed's 2^-8
+
+
+class FlashFwdTma:
+    def __init__(self, cfg: TileConfig, causal: bool, kv_stages: int = 2,
+                 lazy_rescale: bool = True):
+        if kv_stages < 1:
+            raise ValueError(f"kv_stages must be at least 1, got {kv_stages}")
+        self.cfg = cfg
+        self.causal = causal
+        self.kv_stages = kv_stages
+        self.lazy_threshold = LAZY_RESCALE_THRESHOLD if lazy_rescale else None
+        self.mask_steps = (-(-cfg.block_m // cfg.block_n) + 1) if causal else 1
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                 mLSE: cute.Tensor, softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32,
+                 write_lse: cutlass.Int32, stream):
+        cfg = self.cfg
+        tma_atom_Q, tma_Q = tma.tma_load(cfg, "Q", tma.tma_view(mQ))
+        tma_atom_K, tma_K = tma.tma_load(cfg, "K", tma.tma_view(mK))
+        tma_atom_V, tma_V = tma.tma_load(cfg, "V", tma.tma_view(mV))
+        sQ_layout = smem.smem_layout_q(cfg)
+        sKV_layout = smem.smem_layout_kv(cfg, self.kv_stages)
+        Storage = smem.shared_storage(cfg, self.kv_stages)
+        grid = (cute.ceil_div(mQ.shape[1], cfg.block_m), cute.size(mQ.shape[2]),
+                cute.size(mQ.shape[0]))
+        self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
+                    softmax_scale * LOG2_E, causal_offset, write_lse, sQ_layout, sKV_layout,
+                    Storage).launch(grid=grid, block=(cfg.num_threads, 1, 1),
+                                    smem=Storage.size_in_bytes(), stream=stream)
+
+    @cute.kernel
+    def kernel(self, tma_atom_Q: cute.CopyAtom, tma_Q: cute.Tensor, tma_atom_K: cute.CopyAtom,
+               tma_K: cute.Tensor, tma_atom_V: cute.CopyAtom, tma_V: cute.Tensor,
+               mO: cute.Tensor, mLSE: cute.Tensor, scale_log2: cutlass.Float32,
+               causal_offset: cutlass.Int32, write_lse: cutlass.Int32,
+               sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
+               Storage: cutlass.Constexpr):
+        cfg = self.cfg
+        stages = self.kv_stages
+        bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = mask.block_coords(self.causal)
+        # TMA order: (seqlen, head_dim, heads, batch)
+        seqlen_q = tma_Q.shape[0]
+        seqlen_k = tma_K.shape[0]
+        head_kv = head // (tma_Q.shape[2] // tma_K.shape[2])
+        n_block_max = mask.key_block_count(seqlen_k, m_block, bm, bn, causal_offset, self.causal)
+
+        storage = cutlass.memory.SmemAllocator().allocate(Storage)
+        sQ = storage.sQ.get_tensor(sQ_layout)
+        sK = storage.sK.get_tensor(sKV_layout)
+        sV = storage.sV.get_tensor(sKV_layout)
+        sVt = smem.transposed_v(sV, cfg, stages)
+        bar_Q = storage.mbar.data_ptr()
+        bar_K = bar_Q + 1
+        bar_V = bar_Q + 1 + stages
+
+        # the same bytes in the copy engine's notation (byte-level swizzle), for TMA only
+        sQ_tma = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q"))
+        sK_tma = storage.sK.get_tensor(tma.tma_smem_layout(cfg, "K", stages))
+        sV_tma = storage.sV.get_tensor(tma.tma_smem_layout(cfg, "V", stages))
+
+        gQ = cute.local_tile(tma_Q[None, None, head, batch], (bm, dp), (m_block, 0))
+        gK = cute.local_tile(tma_K[None, None, head_kv, batch], (bn, dp), (None, 0))
+        gV = cute.local_tile(tma_V[None, None, head_kv, batch], (bn, dp), (None, 0))
+        one_cta = cute.make_layout(1)
+        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one_cta, cute.group_modes(sQ_tma, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one_cta, cute.group_modes(sK_tma, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one_cta, cute.group_modes(sV_tma, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        box_Q, box_KV = tma.tma_box(cfg, "Q"), tma.tma_box(cfg, "K")
+
+        # warp 0 issues every TMA command: a warp-uniform branch, which keeps ptxas from
+        # spilling around it (a plain tidx == 0 branch in the main loop cost kilobytes of
+        # spills). The TMA copy elects its own lane (elect.sync needs the whole warp), so
+        # only the mbarrier set-up sits under elect_one.
+        warp0 = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0
+        if warp0:
+            with cute.arch.elect_one():
+                for i in cutlass.range_constexpr(1 + 2 * stages):
+                    cute.arch.mbarrier_init(bar_Q + i, 1)
+                cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+
+        if warp0:
+            with cute.arch.elect_one():
+                cpasync.prefetch_descriptor(tma_atom_Q)
+                cpasync.prefetch_descriptor(tma_atom_K)
+                cpasync.prefetch_descriptor(tma_atom_V)
+                cute.arch.mbarrier_arrive_and_expect_tx(bar_Q, box_Q.tile_bytes)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=bar_Q)
+            for i in cutlass.range_constexpr(stages):
+                if i < n_block_max:
+                    self._load_kv(i, n_block_max - 1 - i, tma_atom_K, tKgK, tKsK, bar_K,
+                                  tma_atom_V, tVgV, tVsV, bar_V, box_KV.tile_bytes)
+
+        f = thread_mma(cfg, tidx, sQ, sK, sVt, sK[None, None, 0], sVt[None, None, 0], scale_log2,
+                       self.lazy_threshold)
+        tiled_mma, thr_mma, softmax = f.tiled_mma, f.thr_mma, f.softmax
+        acc_O, acc_O_mn = f.acc_O, f.acc_O_mn
+        row_offsets, col_offsets, offsets = f.row_offsets, f.col_offsets, f.reduce_offsets
+        row0, col0 = f.row0, f.col0
+
+        # Q has landed before anyone reads it; also before the epilogue reuses its
+        # buffer for O, so that no TMA write can land on top of O
+        cute.arch.mbarrier_wait(bar_Q, 0)
+
+        query0 = m_block * bm + row0
+        mask_at = (row_offsets, col_offsets, query0, col0)
+        args = (n_block_max, tiled_mma, thr_mma, tma_atom_K, tKgK, tKsK, bar_K, tma_atom_V, tVgV,
+                tVsV, bar_V, box_KV.tile_bytes, f.tSrQ, f.tSrK, f.tOrVt, f.ldsm, f.s2r_q, f.s2r_k,
+                f.s2r_v, acc_O, acc_O_mn, mask_at, softmax, seqlen_k, causal_offset, tidx)
+        # the masked rounds come first; the first of them needs no special case (its
+        # rescale factor is exp2(-inf) = 0 on an O of zeros): one body less for ptxas
+        n_masked = cutlass.min(n_block_max, self.mask_steps)
+        for i in range(0, n_masked, 1):
+            self._round(i, False, True, *args)
+        for i in range(n_masked, n_block_max, 1):
+            self._round(i, False, False, *args)
+
+        lse = cute.make_rmem_tensor(cute.size(softmax.row_max), cutlass.Float32)
+        softmax.finalize(acc_O_mn, lse)
+        cQ = cute.local_tile(cute.make_identity_tensor((seqlen_q, cfg.head_dim)), (bm, dp),
+                             (m_block, 0))
+        gO = cute.local_tile(mO[batch, None, head, None], (bm, dp), (m_block, 0))
+        epilogue.store_O(cfg, acc_O, tiled_mma, sQ, gO, cQ, seqlen_q, tidx)
+        if write_lse != 0:
+            quad_bits = sum(offsets)
+            epilogue.store_LSE(lse, query0, row_offsets, mLSE[batch, head, None], seqlen_q,
+                               tidx, quad_bits)
+
+    @cute.jit
+    def _load_kv(self, round_index, n_block, tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor,
+                 tKsK: cute.Tensor, bar_K, tma_atom_V: cute.CopyAtom, tVgV: cute.Tensor,
+                 tVsV: cute.Tensor, bar_V, tile_bytes: cutlass.Constexpr):
+        """Warp 0: start the K and V tiles of key block n_block into the round's stage."""
+        stage, _ = tma.ring_slot(round_index, self.kv_stages)
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(bar_K + stage, tile_bytes)
+            cute.arch.mbarrier_arrive_and_expect_tx(bar_V + stage, tile_bytes)
+        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, stage], tma_bar_ptr=bar_K + stage)
+        cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, stage], tma_bar_ptr=bar_V + stage)
+
+    @cute.jit
+    def _round(self, i, is_first: cutlass.Constexpr, masked: cutlass.Constexpr, n_block_max,
+               tiled_mma: cute.TiledMma, thr_mma, tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor,
+               tKsK: cute.Tensor, bar_K, tma_atom_V: cute.CopyAtom, tVgV: cute.Tensor,
+               tVsV: cute.Tensor, bar_V, tile_bytes: cutlass.Constexpr, tSrQ: cute.Tensor,
+               tSrK: cute.Tensor, tOrVt: cute.Tensor, ldsm: dict, s2r_q: cute.TiledCopy,
+               s2r_k: cute.TiledCopy, s2r_v: cute.TiledCopy, acc_O: cute.Tensor,
+               acc_O_mn: cute.Tensor, mask_at: tuple, softmax, seqlen_k, causal_offset, tidx):
+        cfg = self.cfg
+        n_block = n_block_max - 1 - i
+        stage, phase = tma.ring_slot(i, self.kv_stages)
+        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((cfg.block_m, cfg.block_n)),
+                                      cutlass.Float32)
+        acc_S.fill(0.0)
+
+        cute.arch.mbarrier_wait(bar_K + stage, phase)
+        gemm_ldmatrix(tiled_mma, acc_S, tSrQ, tSrK, s2r_k, ldsm["tSsK"][None, None, None, stage],
+                      ldsm["tSrK_view"], s2r_q, ldsm["tSsQ"], ldsm["tSrQ_view"], fine=True)
+
+        acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
+        if cutlass.const_expr(masked):
+            row_offsets, col_offsets, query0, col0 = mask_at
+            mask.apply_mask(acc_S_mn, row_offsets, col_offsets, query0,
+                            n_block * cfg.block_n + col0, seqlen_k, causal_offset, self.causal)
+        # the few masked rounds rescale eagerly: one variant less of the branchy code there
+        softmax.step(acc_S_mn, acc_O_mn, is_first, eager=masked)
+
+        rP = cute.make_fragment_like(acc_S, cutlass_dtype(cfg.dtype))
+        rP.store(acc_S.load().to(cutlass_dtype(cfg.dtype)))
+        tOrP = cute.make_tensor(rP.iterator, mma_mod.acc_to_a_layout(rP.layout))
+        cute.arch.mbarrier_wait(bar_V + stage, phase)
+        gemm_ldmatrix(tiled_mma, acc_O, tOrP, tOrVt, s2r_v, ldsm["tOsVt"][None, None, None, stage],
+                      ldsm["tOrVt_view"])
+
+        # every warp is done with this stage: refill it
+        cute.arch.barrier()
+        if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+            if i + self.kv_stages < n_block_max:
+                self._load_kv(i + self.kv_stages, n_block - self.kv_stages, tma_atom_K, tKgK,
+                              tKsK, bar_K, tma_atom_V, tVgV, tVsV, bar_V, tile_bytes)
