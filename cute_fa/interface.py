@@ -155,7 +155,7 @@ _NO_LSE: dict = {}  # device index -> placeholder LSE tensor (the kernel does no
 
 
 def _kernel_for(device_index: int, dtype, head_dim: int, causal: bool, backend: str,
-                lazy_rescale: bool = False):
+                lazy_rescale: bool = True):
     slot = (device_index, dtype, head_dim, causal, backend, lazy_rescale)
     kernel = _DISPATCH.get(slot)
     if kernel is None:
@@ -166,7 +166,7 @@ def _kernel_for(device_index: int, dtype, head_dim: int, causal: bool, backend: 
 
 
 def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse, backend,
-         lazy_rescale=False):
+         lazy_rescale=True):
     if _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse):
         device_index = q.get_device()
     else:
