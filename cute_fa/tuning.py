@@ -81,7 +81,7 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     """The KernelKey `forward` compiles and launches for this problem.
 
     The TMA kernel's lazy rescale is on by default. On the H200 it is worth nothing
-    measurable (0.96x-1.06x, within run-to-run noise; docs/perf/README.md), but ptxas
+    measurable (0.92x-1.10x, within run-to-run noise; docs/perf/README.md), but ptxas
     compiles every lazy configuration checked without spills, while the eager fp16 causal
     head_dim-128 kernel spills 4 bytes on sm_90a. The eager kernel stays compiled and
     benchmarked.
@@ -115,5 +115,6 @@ TMA_TILES = {("sm_120", 128): (128, 32, 128)}
 TMA_CTAS_PER_SM = {64: 3}
 
 # 'auto' picks per (arch, head_dim class, causal); absent entries use the sm80 kernel.
-# Measured on the H200 (docs/perf/README.md); sm120 is not measured here, so it stays on sm80.
+# Measured on the H200 (docs/perf/README.md, run7-tma: TMA 1.02x-1.16x of sm80 at head_dim
+# 128, 0.87x-1.05x at 64); sm120 is not measured here, so it stays on sm80.
 AUTO: dict = {("sm_90a", 128, False): "tma", ("sm_90a", 128, True): "tma"}
