@@ -59,3 +59,23 @@ def store_LSE(lse: cute.Tensor, query0, row_offsets: cutlass.Constexpr, gLSE: cu
             row = query0 + row_offsets[r]
             if row < seqlen_q:
                 gLSE[row] = lse[r]
+
+
+@cute.jit
+def write_outputs(cfg: cutlass.Constexpr, f, sQ: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                  batch, head, m_block, seqlen_q, query0, write_lse, tidx):
+    """The end of every forward kernel: normalise O, store it and, if asked, LSE.
+
+    f is the thread's `thread_mma` view; query0 the global row of its first S row.
+    """
+    bm, dp = cfg.block_m, cfg.head_dim_padded
+    lse = cute.make_rmem_tensor(cute.size(f.softmax.row_max), cutlass.Float32)
+    f.softmax.finalize(f.acc_O_mn, lse)
+    cO = cute.local_tile(cute.make_identity_tensor((seqlen_q, cfg.head_dim)), (bm, dp),
+                         (m_block, 0))
+    gO = cute.local_tile(mO[batch, None, head, None], (bm, dp), (m_block, 0))
+    store_O(cfg, f.acc_O, f.tiled_mma, sQ, gO, cO, seqlen_q, tidx)
+    if write_lse != 0:  # else mLSE is a placeholder: the caller did not ask for LSE
+        quad_bits = sum(f.reduce_offsets)  # distinct powers of two
+        store_LSE(lse, query0, f.row_offsets, mLSE[batch, head, None], seqlen_q, tidx,
+                  quad_bits)

@@ -27,8 +27,6 @@ stride with a unit last stride), head_dim is static.
 
 from __future__ import annotations
 
-import math
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.memory
@@ -37,18 +35,16 @@ from ..layouts import TileConfig, copies, mma as mma_mod, smem
 from ..layouts._types import cutlass_dtype
 from . import epilogue, mask
 from .gemm import gemm_ldmatrix
+from .softmax import LOG2_E
 from .thread_mma import thread_mma
 
-LOG2_E = math.log2(math.e)
 
 
 class FlashFwdSm80:
     def __init__(self, cfg: TileConfig, causal: bool):
         self.cfg = cfg
         self.causal = causal
-        # Blocks that may need masking, counted from the last one: the sequence tail,
-        # and under causal every block the diagonal of a block_m-row slab can cross.
-        self.mask_steps = (-(-cfg.block_m // cfg.block_n) + 1) if causal else 1
+        self.mask_steps = mask.masked_round_count(cfg.block_m, cfg.block_n, causal)
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
@@ -113,20 +109,16 @@ class FlashFwdSm80:
                 tQsQ[None, m, None].fill(0.0)
 
         f = thread_mma(cfg, tidx, sQ, sK, sVt, sK, sVt, scale_log2)
-        tiled_mma, thr_mma, softmax = f.tiled_mma, f.thr_mma, f.softmax
-        acc_O, acc_O_mn = f.acc_O, f.acc_O_mn
-        row_offsets, col_offsets, offsets = f.row_offsets, f.col_offsets, f.reduce_offsets
-        row0, col0 = f.row0, f.col0
 
         if n_block_max > 0:
             self._load_kv(g2s, tKgK, tKsK, tKVcKV, n_block_max - 1, seqlen_k, True)
         cute.arch.cp_async_commit_group()
 
-        query0 = m_block * bm + row0
-        mask_at = (row_offsets, col_offsets, query0, col0)
-        args = (tiled_mma, thr_mma, g2s, tKgK, tKsK, tVgV, tVsV, tKVcKV, f.tSrQ, f.tSrK, f.tOrVt,
-                f.ldsm, f.s2r_q, f.s2r_k, f.s2r_v, acc_O, acc_O_mn, mask_at, softmax, seqlen_k,
-                causal_offset)
+        query0 = m_block * bm + f.row0
+        mask_at = (f.row_offsets, f.col_offsets, query0, f.col0)
+        args = (f.tiled_mma, f.thr_mma, g2s, tKgK, tKsK, tVgV, tVsV, tKVcKV, f.tSrQ, f.tSrK,
+                f.tOrVt, f.ldsm, f.s2r_q, f.s2r_k, f.s2r_v, f.acc_O, f.acc_O_mn, mask_at,
+                f.softmax, seqlen_k, causal_offset)
         # first round: masked, nothing to rescale yet; then the other rounds that may
         # need masking; then the unmasked rest
         if n_block_max > 0:
@@ -139,14 +131,8 @@ class FlashFwdSm80:
             n_block = n_block_max - 1 - step
             self._round(n_block, False, False, *args)
 
-        lse = cute.make_rmem_tensor(cute.size(softmax.row_max), cutlass.Float32)
-        softmax.finalize(acc_O_mn, lse)
-        gO = cute.local_tile(mO[batch, None, head, None], (bm, dp), (m_block, 0))
-        epilogue.store_O(cfg, acc_O, tiled_mma, sQ, gO, cQ, seqlen_q, tidx)
-        if write_lse != 0:  # else mLSE is a placeholder: the caller did not ask for LSE
-            quad_bits = sum(offsets)  # distinct powers of two
-            epilogue.store_LSE(lse, query0, row_offsets, mLSE[batch, head, None], seqlen_q,
-                               tidx, quad_bits)
+        epilogue.write_outputs(cfg, f, sQ, mO, mLSE, batch, head, m_block, seqlen_q, query0,
+                               write_lse, tidx)
 
     @cute.jit
     def _copy_row(self, g2s: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,

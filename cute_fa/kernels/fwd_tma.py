@@ -1,7 +1,7 @@
 """The TMA forward kernel (sm90, sm120): TMA + mbarrier loads feeding ldmatrix + mma.sync m16n8k16.
 
 The same FlashAttention-2 split-Q schedule, MMA, softmax, mask and epilogue as
-`fwd_sm80`; what changes is how tiles reach shared memory. One thread issues a
+`fwd_sm80`; what changes is how tiles reach shared memory. One lane issues a
 whole tile per command (cp.async.bulk.tensor through a tensor map), the copy
 engine signals an mbarrier when the bytes have landed, and no thread spends
 registers or instructions on addresses or predicates: tails and head_dim
@@ -15,15 +15,13 @@ on key block n (walked from the last one down):
     S = Q @ K^T, mask, online softmax (lazy rescale optional)
     wait V[stage]
     O += P @ V
-    sync; thread 0 refills the stage with the K and V of round i + kv_stages
+    sync; warp 0 refills the stage with the K and V of round i + kv_stages
 
 so a tile has kv_stages - 1 whole rounds to land, and V's wait comes after the
 softmax, as in `../shared/seeds/001_*`.
 """
 
 from __future__ import annotations
-
-import math
 
 import cutlass
 import cutlass.cute as cute
@@ -34,9 +32,9 @@ from ..layouts import TileConfig, mma as mma_mod, smem, tma
 from ..layouts._types import cutlass_dtype
 from . import epilogue, mask
 from .gemm import gemm_ldmatrix
+from .softmax import LOG2_E
 from .thread_mma import thread_mma
 
-LOG2_E = math.log2(math.e)
 LAZY_RESCALE_THRESHOLD = 8.0  # log2 units: the seed's 2^-8
 
 
@@ -49,7 +47,7 @@ class FlashFwdTma:
         self.causal = causal
         self.kv_stages = kv_stages
         self.lazy_threshold = LAZY_RESCALE_THRESHOLD if lazy_rescale else None
-        self.mask_steps = (-(-cfg.block_m // cfg.block_n) + 1) if causal else 1
+        self.mask_steps = mask.masked_round_count(cfg.block_m, cfg.block_n, causal)
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
@@ -139,38 +137,27 @@ class FlashFwdTma:
 
         f = thread_mma(cfg, tidx, sQ, sK, sVt, sK[None, None, 0], sVt[None, None, 0], scale_log2,
                        self.lazy_threshold)
-        tiled_mma, thr_mma, softmax = f.tiled_mma, f.thr_mma, f.softmax
-        acc_O, acc_O_mn = f.acc_O, f.acc_O_mn
-        row_offsets, col_offsets, offsets = f.row_offsets, f.col_offsets, f.reduce_offsets
-        row0, col0 = f.row0, f.col0
 
         # Q has landed before anyone reads it; also before the epilogue reuses its
         # buffer for O, so that no TMA write can land on top of O
         cute.arch.mbarrier_wait(bar_Q, 0)
 
-        query0 = m_block * bm + row0
-        mask_at = (row_offsets, col_offsets, query0, col0)
-        args = (n_block_max, tiled_mma, thr_mma, tma_atom_K, tKgK, tKsK, bar_K, tma_atom_V, tVgV,
-                tVsV, bar_V, box_KV.tile_bytes, f.tSrQ, f.tSrK, f.tOrVt, f.ldsm, f.s2r_q, f.s2r_k,
-                f.s2r_v, acc_O, acc_O_mn, mask_at, softmax, seqlen_k, causal_offset, tidx)
+        query0 = m_block * bm + f.row0
+        mask_at = (f.row_offsets, f.col_offsets, query0, f.col0)
+        args = (n_block_max, f.tiled_mma, f.thr_mma, tma_atom_K, tKgK, tKsK, bar_K, tma_atom_V,
+                tVgV, tVsV, bar_V, box_KV.tile_bytes, f.tSrQ, f.tSrK, f.tOrVt, f.ldsm, f.s2r_q,
+                f.s2r_k, f.s2r_v, f.acc_O, f.acc_O_mn, mask_at, f.softmax, seqlen_k,
+                causal_offset, tidx)
         # the masked rounds come first; the first of them needs no special case (its
         # rescale factor is exp2(-inf) = 0 on an O of zeros): one body less for ptxas
         n_masked = cutlass.min(n_block_max, self.mask_steps)
         for i in range(0, n_masked, 1):
-            self._round(i, False, True, *args)
+            self._round(i, True, *args)
         for i in range(n_masked, n_block_max, 1):
-            self._round(i, False, False, *args)
+            self._round(i, False, *args)
 
-        lse = cute.make_rmem_tensor(cute.size(softmax.row_max), cutlass.Float32)
-        softmax.finalize(acc_O_mn, lse)
-        cQ = cute.local_tile(cute.make_identity_tensor((seqlen_q, cfg.head_dim)), (bm, dp),
-                             (m_block, 0))
-        gO = cute.local_tile(mO[batch, None, head, None], (bm, dp), (m_block, 0))
-        epilogue.store_O(cfg, acc_O, tiled_mma, sQ, gO, cQ, seqlen_q, tidx)
-        if write_lse != 0:
-            quad_bits = sum(offsets)
-            epilogue.store_LSE(lse, query0, row_offsets, mLSE[batch, head, None], seqlen_q,
-                               tidx, quad_bits)
+        epilogue.write_outputs(cfg, f, sQ, mO, mLSE, batch, head, m_block, seqlen_q, query0,
+                               write_lse, tidx)
 
     @cute.jit
     def _load_kv(self, round_index, n_block, tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor,
@@ -185,7 +172,7 @@ class FlashFwdTma:
         cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, stage], tma_bar_ptr=bar_V + stage)
 
     @cute.jit
-    def _round(self, i, is_first: cutlass.Constexpr, masked: cutlass.Constexpr, n_block_max,
+    def _round(self, i, masked: cutlass.Constexpr, n_block_max,
                tiled_mma: cute.TiledMma, thr_mma, tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor,
                tKsK: cute.Tensor, bar_K, tma_atom_V: cute.CopyAtom, tVgV: cute.Tensor,
                tVsV: cute.Tensor, bar_V, tile_bytes: cutlass.Constexpr, tSrQ: cute.Tensor,
@@ -209,7 +196,7 @@ class FlashFwdTma:
             mask.apply_mask(acc_S_mn, row_offsets, col_offsets, query0,
                             n_block * cfg.block_n + col0, seqlen_k, causal_offset, self.causal)
         # the few masked rounds rescale eagerly: one variant less of the branchy code there
-        softmax.step(acc_S_mn, acc_O_mn, is_first, eager=masked)
+        softmax.step(acc_S_mn, acc_O_mn, False, eager=masked)
 
         rP = cute.make_fragment_like(acc_S, cutlass_dtype(cfg.dtype))
         rP.store(acc_S.load().to(cutlass_dtype(cfg.dtype)))

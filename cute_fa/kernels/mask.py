@@ -42,6 +42,12 @@ def key_block_count(seqlen_k, m_block, block_m: int, block_n: int, causal_offset
     return n_blocks
 
 
+def masked_round_count(block_m: int, block_n: int, causal: bool) -> int:
+    """Key blocks, counted from the last one visited, that may need masking: the sequence
+    tail, and under causal every block the diagonal of a block_m-row slab can cross."""
+    return (-(-block_m // block_n) + 1) if causal else 1
+
+
 @cute.jit
 def apply_mask(acc_S_mn: cute.Tensor, row_offsets: cutlass.Constexpr, col_offsets: cutlass.Constexpr,
                query0, key0, seqlen_k, causal_offset, causal: cutlass.Constexpr):

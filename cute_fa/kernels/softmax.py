@@ -20,6 +20,7 @@ import cutlass
 import cutlass.cute as cute
 
 LN2 = math.log(2.0)
+LOG2_E = math.log2(math.e)  # the kernels pass softmax_scale * LOG2_E as scale_log2
 
 
 def quad_allreduce(value, offsets, op):

@@ -116,8 +116,8 @@ def _collect(cfg: TileConfig) -> dict:
         from . import tma
 
         ring_tma = tma.tma_smem_layout(cfg, "K", 2)
-        out["tma_byte_swizzle"] = tuple(int(x) for x in
-                                        str(ring_tma.inner).strip("S<>").split(","))
+        sw = ring_tma.inner
+        out["tma_byte_swizzle"] = (int(sw.num_bits), int(sw.num_base), int(sw.num_shift))
         out["swizzle"]["KV_ring_tma_unswizzled"] = np.array(
             [[[ring_tma.outer((r, c, st)) for st in range(2)] for c in range(dp)]
              for r in range(bn)], dtype=np.int64,

@@ -115,7 +115,6 @@ def describe(cfg: TileConfig, stages: int = 2, arch: str = "sm_90a") -> dict:
     Built by `cute.compile` of a tiny function on a fake tensor of dynamic
     shape and strides (no GPU needed), the way the kernel builds them.
     """
-    import cutlass
     import cutlass.cute as cute
     from cutlass.cute.nvgpu import cpasync
     from cutlass.cute.runtime import make_fake_tensor
