@@ -115,6 +115,6 @@ TMA_TILES = {("sm_120", 128): (128, 32, 128)}
 TMA_CTAS_PER_SM = {64: 3}
 
 # 'auto' picks per (arch, head_dim class, causal); absent entries use the sm80 kernel.
-# Measured on the H200 (docs/perf/README.md, run7-tma: TMA 1.02x-1.16x of sm80 at head_dim
-# 128, 0.87x-1.05x at 64); sm120 is not measured here, so it stays on sm80.
+# Measured on the H200 (docs/perf/README.md, runs 8 and 9: TMA 1.02x-1.15x of sm80 at head_dim
+# 128, 0.93x-1.09x at 64, mean 1.01x); sm120 is not measured here, so it stays on sm80.
 AUTO: dict = {("sm_90a", 128, False): "tma", ("sm_90a", 128, True): "tma"}

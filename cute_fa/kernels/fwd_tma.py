@@ -8,17 +8,21 @@ registers or instructions on addresses or predicates: tails and head_dim
 padding come back as zeros from TMA's out-of-bounds fill.
 
 K and V stream through a ring of `kv_stages` buffers, each with its own
-mbarrier for K and for V (see `cute_fa.layouts.tma.ring_slot`). Per round i,
-on key block n (walked from the last one down):
+mbarriers for K and for V (landed) and an "empty" one (read by every thread; see
+`cute_fa.layouts.tma.ring_slot`). Per round i, on key block n (walked from the
+last one down):
 
     wait K[stage] ............... V of this round is still landing
     S = Q @ K^T, mask, online softmax (lazy rescale optional)
     wait V[stage]
     O += P @ V
-    sync; warp 0 refills the stage with the K and V of round i + kv_stages
+    arrive empty[stage]; warp 0 waits for it and refills the stage with the K
+    and V of round i + kv_stages
 
-so a tile has kv_stages - 1 whole rounds to land, and V's wait comes after the
-softmax, as in `../shared/seeds/001_*`.
+so a tile has kv_stages - 1 whole rounds to land, V's wait comes after the
+softmax, as in `../shared/seeds/001_*`, and no round ends in a CTA-wide barrier:
+only warp 0 waits for the slowest warp, the others run ahead into the next
+stage.
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ class FlashFwdTma:
         bar_Q = storage.mbar.data_ptr()
         bar_K = bar_Q + 1
         bar_V = bar_Q + 1 + stages
+        bar_E = bar_Q + 1 + 2 * stages
 
         # the same bytes in the copy engine's notation (byte-level swizzle), for TMA only
         sQ_tma = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q"))
@@ -120,6 +125,8 @@ class FlashFwdTma:
             with cute.arch.elect_one():
                 for i in cutlass.range_constexpr(1 + 2 * stages):
                     cute.arch.mbarrier_init(bar_Q + i, 1)
+                for i in cutlass.range_constexpr(stages):
+                    cute.arch.mbarrier_init(bar_E + i, cfg.num_threads)
                 cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
@@ -145,16 +152,14 @@ class FlashFwdTma:
         query0 = m_block * bm + f.row0
         mask_at = (f.row_offsets, f.col_offsets, query0, f.col0)
         args = (n_block_max, f.tiled_mma, f.thr_mma, tma_atom_K, tKgK, tKsK, bar_K, tma_atom_V,
-                tVgV, tVsV, bar_V, box_KV.tile_bytes, f.tSrQ, f.tSrK, f.tOrVt, f.ldsm, f.s2r_q,
-                f.s2r_k, f.s2r_v, f.acc_O, f.acc_O_mn, mask_at, f.softmax, seqlen_k,
+                tVgV, tVsV, bar_V, bar_E, box_KV.tile_bytes, f.tSrQ, f.tSrK, f.tOrVt, f.ldsm,
+                f.s2r_q, f.s2r_k, f.s2r_v, f.acc_O, f.acc_O_mn, mask_at, f.softmax, seqlen_k,
                 causal_offset, tidx)
-        # the masked rounds come first; the first of them needs no special case (its
-        # rescale factor is exp2(-inf) = 0 on an O of zeros): one body less for ptxas
+        # one loop body for every round (one copy of it to trace and compile): the rounds
+        # that may need masking come first and mask under a uniform branch
         n_masked = cutlass.min(n_block_max, self.mask_steps)
-        for i in range(0, n_masked, 1):
-            self._round(i, True, *args)
-        for i in range(n_masked, n_block_max, 1):
-            self._round(i, False, *args)
+        for i in range(0, n_block_max, 1):
+            self._round(i, i < n_masked, *args)
 
         epilogue.write_outputs(cfg, f, sQ, mO, mLSE, batch, head, m_block, seqlen_q, query0,
                                write_lse, tidx)
@@ -172,10 +177,10 @@ class FlashFwdTma:
         cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, stage], tma_bar_ptr=bar_V + stage)
 
     @cute.jit
-    def _round(self, i, masked: cutlass.Constexpr, n_block_max,
+    def _round(self, i, masked, n_block_max,
                tiled_mma: cute.TiledMma, thr_mma, tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor,
                tKsK: cute.Tensor, bar_K, tma_atom_V: cute.CopyAtom, tVgV: cute.Tensor,
-               tVsV: cute.Tensor, bar_V, tile_bytes: cutlass.Constexpr, tSrQ: cute.Tensor,
+               tVsV: cute.Tensor, bar_V, bar_E, tile_bytes: cutlass.Constexpr, tSrQ: cute.Tensor,
                tSrK: cute.Tensor, tOrVt: cute.Tensor, ldsm: dict, s2r_q: cute.TiledCopy,
                s2r_k: cute.TiledCopy, s2r_v: cute.TiledCopy, acc_O: cute.Tensor,
                acc_O_mn: cute.Tensor, mask_at: tuple, softmax, seqlen_k, causal_offset, tidx):
@@ -187,16 +192,18 @@ class FlashFwdTma:
         acc_S.fill(0.0)
 
         cute.arch.mbarrier_wait(bar_K + stage, phase)
+        # fine-grained B loads or not: whichever ptxas compiles without spills (at head_dim
+        # 128 on sm_90a each choice spills 24-40 bytes in the other kind of kernel)
         gemm_ldmatrix(tiled_mma, acc_S, tSrQ, tSrK, s2r_k, ldsm["tSsK"][None, None, None, stage],
-                      ldsm["tSrK_view"], s2r_q, ldsm["tSsQ"], ldsm["tSrQ_view"], fine=True)
+                      ldsm["tSrK_view"], s2r_q, ldsm["tSsQ"], ldsm["tSrQ_view"],
+                      fine=not self.causal)
 
         acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
-        if cutlass.const_expr(masked):
+        if masked:
             row_offsets, col_offsets, query0, col0 = mask_at
             mask.apply_mask(acc_S_mn, row_offsets, col_offsets, query0,
                             n_block * cfg.block_n + col0, seqlen_k, causal_offset, self.causal)
-        # the few masked rounds rescale eagerly: one variant less of the branchy code there
-        softmax.step(acc_S_mn, acc_O_mn, False, eager=masked)
+        softmax.step(acc_S_mn, acc_O_mn)
 
         rP = cute.make_fragment_like(acc_S, cutlass_dtype(cfg.dtype))
         rP.store(acc_S.load().to(cutlass_dtype(cfg.dtype)))
@@ -205,9 +212,10 @@ class FlashFwdTma:
         gemm_ldmatrix(tiled_mma, acc_O, tOrP, tOrVt, s2r_v, ldsm["tOsVt"][None, None, None, stage],
                       ldsm["tOrVt_view"])
 
-        # every warp is done with this stage: refill it
-        cute.arch.barrier()
+        # this thread is done with the stage; once every thread is, warp 0 refills it
+        cute.arch.mbarrier_arrive(bar_E + stage)
         if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
             if i + self.kv_stages < n_block_max:
+                cute.arch.mbarrier_wait(bar_E + stage, phase)
                 self._load_kv(i + self.kv_stages, n_block - self.kv_stages, tma_atom_K, tKgK,
                               tKsK, bar_K, tma_atom_V, tVgV, tVsV, bar_V, tile_bytes)

@@ -49,11 +49,12 @@ class OnlineSoftmax:
         self.row_sum.fill(0.0)
 
     @cute.jit
-    def step(self, acc_S_mn: cute.Tensor, acc_O_mn: cute.Tensor, is_first: cutlass.Constexpr,
-             eager: cutlass.Constexpr = False):
-        """Turn this round's scores into weights in place and rescale O and the row sums
-        (always, with `eager`: no lazy rescale in this round)."""
-        lazy = self.lazy_threshold is not None and not is_first and not eager
+    def step(self, acc_S_mn: cute.Tensor, acc_O_mn: cute.Tensor):
+        """Turn this round's scores into weights in place and rescale O and the row sums.
+
+        The first round needs no special case: its rescale factor exp2(-inf) is 0, on an
+        O and row sums of 0."""
+        lazy = self.lazy_threshold is not None
         alphas = []
         growth = None
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
@@ -72,13 +73,12 @@ class OnlineSoftmax:
             m_scaled = m_base * self.scale_log2
             p = cute.math.exp2(row * self.scale_log2 - m_scaled, fastmath=True)
             row_sum = p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
-            if cutlass.const_expr(not is_first):
-                alpha = cute.math.exp2(m_prev * self.scale_log2 - m_scaled, fastmath=True)
-                row_sum = row_sum + self.row_sum[r] * alpha
-                if cutlass.const_expr(lazy):
-                    alphas.append(alpha)  # 1 for a row that kept its max
-                else:
-                    acc_O_mn[r, None] = acc_O_mn[r, None].load() * alpha
+            alpha = cute.math.exp2(m_prev * self.scale_log2 - m_scaled, fastmath=True)
+            row_sum = row_sum + self.row_sum[r] * alpha
+            if cutlass.const_expr(lazy):
+                alphas.append(alpha)  # 1 for a row that kept its max
+            else:
+                acc_O_mn[r, None] = acc_O_mn[r, None].load() * alpha
             self.row_max[r] = m_cur
             self.row_sum[r] = row_sum
             acc_S_mn[r, None] = p
