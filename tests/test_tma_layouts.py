@@ -10,7 +10,7 @@ box (box_cols x rows) contiguous.
 import pytest
 
 from cute_fa.layouts import FlashLayouts, TileConfig
-from cute_fa.layouts.tma import max_kv_stages, ring_slot, tma_box
+from cute_fa.layouts.tma import RingBarriers, max_kv_stages, ring_slot, tma_box
 from cute_fa.tuning import SMEM_BYTES, kernel_key, resolve_backend
 
 
@@ -112,3 +112,11 @@ def test_tma_objects_are_in_seqlen_headdim_heads_batch_order():
     assert objs["smem_ring_tma"].startswith("S<3,4,3>") and "S<3,4,3>" in objs["tKsK"]
     # one box is 64 columns x 64 rows, a tile two boxes 64 columns apart
     assert "(((64,64),2),?):(((1@0,1@1),64@0),64@1)" in objs["tKgK"]
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_ring_barriers_cover_the_array_once(stages):
+    # Q's barrier, then K, V and "empty" for each stage: 1 + 3 * stages slots, none shared
+    bars = RingBarriers(stages)
+    slots = [bars.q] + [base + s for base in (bars.k, bars.v, bars.empty) for s in range(stages)]
+    assert sorted(slots) == list(range(1 + 3 * stages)) == list(range(bars.count))

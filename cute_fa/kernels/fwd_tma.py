@@ -94,10 +94,9 @@ class FlashFwdTma:
         sK = storage.sK.get_tensor(sKV_layout)
         sV = storage.sV.get_tensor(sKV_layout)
         sVt = smem.transposed_v(sV, cfg, stages)
-        bar_Q = storage.mbar.data_ptr()
-        bar_K = bar_Q + 1
-        bar_V = bar_Q + 1 + stages
-        bar_E = bar_Q + 1 + 2 * stages
+        bars = tma.RingBarriers(stages)
+        mbar = storage.mbar.data_ptr()
+        bar_Q, bar_K, bar_V, bar_E = (mbar + i for i in (bars.q, bars.k, bars.v, bars.empty))
 
         # the same bytes in the copy engine's notation (byte-level swizzle), for TMA only
         sQ_tma = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q"))
@@ -123,7 +122,8 @@ class FlashFwdTma:
         warp0 = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0
         if warp0:
             with cute.arch.elect_one():
-                for i in cutlass.range_constexpr(1 + 2 * stages):
+                # Q, K and V: one arrival each (the expect_tx); empty: every thread
+                for i in cutlass.range_constexpr(bars.empty):
                     cute.arch.mbarrier_init(bar_Q + i, 1)
                 for i in cutlass.range_constexpr(stages):
                     cute.arch.mbarrier_init(bar_E + i, cfg.num_threads)

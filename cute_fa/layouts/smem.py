@@ -67,6 +67,7 @@ def shared_storage(cfg: TileConfig, stages: int = 0):
     import cutlass
 
     from ._types import cutlass_dtype
+    from .tma import RingBarriers
 
     dtype = cutlass_dtype(cfg.dtype)
     q_elems = cute.cosize(smem_layout_q(cfg))
@@ -82,7 +83,7 @@ def shared_storage(cfg: TileConfig, stages: int = 0):
 
     @cute.struct
     class RingStorage:
-        mbar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, 1 + 3 * stages], 8]
+        mbar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, RingBarriers(stages).count], 8]
         sQ: cute.struct.Align[cute.struct.MemRange[dtype, q_elems], 1024]
         sK: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
         sV: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]

@@ -33,6 +33,28 @@ def ring_slot(round_index, stages: int):
 
 
 @dataclass(frozen=True)
+class RingBarriers:
+    """Where the TMA kernel's mbarriers sit in its array: Q's, then one per stage for K
+    landed, V landed, and "empty" (every thread has read the stage)."""
+
+    stages: int
+    q = 0
+    k = 1
+
+    @property
+    def v(self) -> int:
+        return 1 + self.stages
+
+    @property
+    def empty(self) -> int:
+        return 1 + 2 * self.stages
+
+    @property
+    def count(self) -> int:
+        return 1 + 3 * self.stages
+
+
+@dataclass(frozen=True)
 class TmaBox:
     """What one tensor map moves: the box, its swizzle, and the boxes per tile."""
 
