@@ -81,10 +81,10 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     """The KernelKey `forward` compiles and launches for this problem.
 
     The TMA kernel's lazy rescale is on by default. On the H200 it is worth nothing
-    measurable (0.92x-1.10x, within run-to-run noise; docs/perf/README.md), but ptxas
-    compiles every lazy configuration checked without spills, while the eager fp16 causal
-    head_dim-128 kernel spills 4 bytes on sm_90a. The eager kernel stays compiled and
-    benchmarked.
+    measurable (0.92x-1.10x, within run-to-run noise; docs/perf/README.md), but at head_dim
+    128 on sm_90a ptxas compiles the four lazy kernels (fp16/bf16, causal or not) without
+    spills, while the eager bf16 causal one spills 24 bytes. The eager kernel stays compiled
+    and benchmarked.
     """
     from .compiler import KernelKey
 
