@@ -28,7 +28,9 @@ _EXPORT_NAME = "cute_fa_kernel"
 @dataclass(frozen=True)
 class KernelKey:
     """One compiled kernel. backend 'sm80' is the cp.async kernel (kv_stages and
-    lazy_rescale unused), 'tma' the TMA kernel with a ring of kv_stages K/V buffers."""
+    lazy_rescale unused), 'tma' the TMA kernel with a ring of kv_stages K/V buffers.
+    ctas_per_sm > 0 caps the registers so that this many CTAs fit one SM's register
+    file (ptxas's minimum CTAs per SM); 0 leaves the count to ptxas."""
 
     arch: str
     causal: bool
@@ -36,10 +38,12 @@ class KernelKey:
     backend: str = "sm80"
     kv_stages: int = 0
     lazy_rescale: bool = False
+    ctas_per_sm: int = 0
 
     def digest(self) -> str:
         text = repr((self.arch, self.causal, sorted(asdict(self.tile).items()), self.backend,
-                     self.kv_stages, self.lazy_rescale, _fingerprint(self.backend)))
+                     self.kv_stages, self.lazy_rescale, self.ctas_per_sm,
+                     _fingerprint(self.backend)))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -114,11 +118,12 @@ def compile_kernel(key: KernelKey, *, keep_ptx: bool = False):
     if key.backend == "tma":
         from .kernels.fwd_tma import FlashFwdTma
 
-        kernel = FlashFwdTma(key.tile, key.causal, key.kv_stages, key.lazy_rescale)
+        kernel = FlashFwdTma(key.tile, key.causal, key.kv_stages, key.lazy_rescale,
+                             key.ctas_per_sm)
     else:
         from .kernels.fwd_sm80 import FlashFwdSm80
 
-        kernel = FlashFwdSm80(key.tile, key.causal)
+        kernel = FlashFwdSm80(key.tile, key.causal, key.ctas_per_sm)
     options = f"--gpu-arch={key.arch} --enable-tvm-ffi"
     if not keep_ptx:
         return cute.compile(kernel, *fake_arguments(key), options=options)

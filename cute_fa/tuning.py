@@ -90,8 +90,9 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
 
     backend = resolve_backend(arch, backend, head_dim, causal)
     cfg = tile_config(arch, dtype, head_dim, causal)
+    cap = REGISTER_CAP_CTAS.get((arch, backend, head_dim_class(head_dim), causal), 0)
     if backend == "sm80":
-        return KernelKey(arch, causal, cfg)
+        return KernelKey(arch, causal, cfg, ctas_per_sm=cap)
     tile = TMA_TILES.get((arch.rstrip("a"), cfg.head_dim_padded))
     if tile is not None:
         cfg = TileConfig(head_dim=head_dim, block_m=tile[0], block_n=tile[1],
@@ -99,7 +100,7 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     ctas = TMA_CTAS_PER_SM.get(head_dim_class(head_dim), 2)
     stages = max_kv_stages(cfg, SMEM_BYTES.get(arch, 99 * 1024), ctas_per_sm=ctas)
     return KernelKey(arch, causal, cfg, backend="tma", kv_stages=stages,
-                     lazy_rescale=bool(lazy_rescale))
+                     lazy_rescale=bool(lazy_rescale), ctas_per_sm=cap)
 
 
 # Tiles of the TMA kernel where they differ from TILES, by (arch, padded head_dim): on
@@ -108,13 +109,24 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
 # (while at 96 it is 128x32 that spills). Checked with ptxas only, not on an sm120 GPU.
 TMA_TILES = {("sm_120", 128): (128, 32, 128)}
 
-# CTAs per SM the TMA kernel's K/V ring is sized for (default 2). head_dim 64 was sized for
-# three (3 stages instead of 4, run4-tma in docs/perf/); ptxas gives it 165-221 registers, so
-# in most builds only two CTAs fit the register file anyway, and 3 vs 4 stages measured no
-# consistent difference (run3-tma vs run4-tma).
+# CTAs per SM the TMA kernel's K/V ring is sized for (default 2). head_dim 64 is sized for
+# three (3 stages instead of 4): the causal kernel's registers are capped for three CTAs
+# (REGISTER_CAP_CTAS below); the non-causal one gets ~210 registers, so two CTAs fit, and
+# 3 vs 4 stages measured no consistent difference there (run3-tma vs run4-tma in docs/perf/).
 TMA_CTAS_PER_SM = {64: 3}
 
+# (arch, backend, head_dim class, causal) -> CTAs per SM the registers are capped for
+# (ptxas's .minnctapersm); absent: ptxas's choice. ncu on the H200 (docs/perf/README.md):
+# at head_dim 64 ptxas gives the kernels 205-241 registers, so two CTAs (8 warps) share an
+# SM and the warps stall mostly on fixed-latency dependencies. Capped at 168 registers for
+# three CTAs, the causal TMA kernel compiles without spills and measured ~3-5% faster; the
+# non-causal TMA kernel and the sm80 kernel (50-60 bytes of spills) lost 4-10%, so they keep
+# ptxas's choice.
+REGISTER_CAP_CTAS: dict = {("sm_90a", "tma", 64, True): 3}
+
 # 'auto' picks per (arch, head_dim class, causal); absent entries use the sm80 kernel.
-# Measured on the H200 (docs/perf/README.md, runs 8 and 9: TMA 1.02x-1.15x of sm80 at head_dim
-# 128, 0.93x-1.09x at 64, mean 1.01x); sm120 is not measured here, so it stays on sm80.
-AUTO: dict = {("sm_90a", 128, False): "tma", ("sm_90a", 128, True): "tma"}
+# Measured on the H200 (docs/perf/README.md, runs 10 and 11: TMA / sm80 mean 1.08x at head_dim
+# 128, 1.03x at 64 with the register cap above); sm120 is not measured here, so it stays on
+# sm80, and so do head_dim 192 / 256 (TMA 0.89x-0.93x of sm80 in an earlier side timing).
+AUTO: dict = {("sm_90a", 64, False): "tma", ("sm_90a", 64, True): "tma",
+              ("sm_90a", 128, False): "tma", ("sm_90a", 128, True): "tma"}

@@ -64,6 +64,7 @@ def test_forward_compiles_without_spills(arch, head_dim, causal, dtype):
 # rescale is on by default, the eager kernel (the benchmark's comparison) checked once
 TMA_CASES = [
     ("sm_90a", 64, False, "float16", True),
+    ("sm_90a", 64, True, "bfloat16", True),
     ("sm_90a", 128, True, "float16", True),
     ("sm_90a", 128, False, "bfloat16", False),
     ("sm_90a", 192, True, "float16", True),
@@ -94,3 +95,9 @@ def test_tma_forward_compiles_without_spills(arch, head_dim, causal, dtype, lazy
     res = ptxas_resources(ptx, arch)
     assert res["registers"] <= 255
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
+    if key.ctas_per_sm:
+        # the register cap: ptxas told to fit that many 128-thread CTAs in 64K registers
+        assert re.search(rf"^\.minnctapersm {key.ctas_per_sm}$", ptx, re.M)
+        assert res["registers"] * key.tile.num_threads * key.ctas_per_sm <= 65536
+    else:
+        assert ".minnctapersm" not in ptx

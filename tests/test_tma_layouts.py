@@ -90,10 +90,14 @@ def test_kv_stages_fit_shared_memory():
                 key = kernel_key(arch, "bfloat16", head_dim, causal, "tma")
                 assert key.backend == "tma" and key.kv_stages >= 1
                 assert key.tile.smem_bytes(key.kv_stages) + 1024 <= SMEM_BYTES[arch]
+                if key.ctas_per_sm:  # a register cap for n CTAs is moot unless n fit in smem
+                    sm_smem = 228 * 1024 if arch == "sm_90a" else 100 * 1024
+                    assert key.ctas_per_sm * (key.tile.smem_bytes(key.kv_stages) + 1024) <= sm_smem
 
 
 def test_backend_choice_and_errors():
     assert resolve_backend("sm_80", "auto", 128, False) == "sm80"
+    assert resolve_backend("sm_90a", "auto", 64, True) == "tma"
     assert resolve_backend("sm_90a", "tma", 64, True) == "tma"
     assert resolve_backend("sm_120a", "sm80", 64, True) == "sm80"
     with pytest.raises(ValueError, match="backend must be one of 'sm80', 'tma', 'auto', got 'wgmma'"):

@@ -35,15 +35,17 @@ from ..layouts import TileConfig, copies, mma as mma_mod, smem
 from ..layouts._types import cutlass_dtype
 from . import epilogue, mask
 from .gemm import gemm_ldmatrix
+from .launch import occupancy_options
 from .softmax import LOG2_E
 from .thread_mma import thread_mma
 
 
 
 class FlashFwdSm80:
-    def __init__(self, cfg: TileConfig, causal: bool):
+    def __init__(self, cfg: TileConfig, causal: bool, ctas_per_sm: int = 0):
         self.cfg = cfg
         self.causal = causal
+        self.ctas_per_sm = ctas_per_sm
         self.mask_steps = mask.masked_round_count(cfg.block_m, cfg.block_n, causal)
 
     @cute.jit
@@ -60,7 +62,7 @@ class FlashFwdSm80:
         self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset, write_lse,
                     sQ_layout, sKV_layout, SharedStorage).launch(
             grid=grid, block=(cfg.num_threads, 1, 1), smem=SharedStorage.size_in_bytes(),
-            stream=stream)
+            stream=stream, **occupancy_options(self.ctas_per_sm))
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,

@@ -36,6 +36,7 @@ from ..layouts import TileConfig, mma as mma_mod, smem, tma
 from ..layouts._types import cutlass_dtype
 from . import epilogue, mask
 from .gemm import gemm_ldmatrix
+from .launch import occupancy_options
 from .softmax import LOG2_E
 from .thread_mma import thread_mma
 
@@ -44,12 +45,13 @@ LAZY_RESCALE_THRESHOLD = 8.0  # log2 units: the seed's 2^-8
 
 class FlashFwdTma:
     def __init__(self, cfg: TileConfig, causal: bool, kv_stages: int = 2,
-                 lazy_rescale: bool = True):
+                 lazy_rescale: bool = True, ctas_per_sm: int = 0):
         if kv_stages < 1:
             raise ValueError(f"kv_stages must be at least 1, got {kv_stages}")
         self.cfg = cfg
         self.causal = causal
         self.kv_stages = kv_stages
+        self.ctas_per_sm = ctas_per_sm
         self.lazy_threshold = LAZY_RESCALE_THRESHOLD if lazy_rescale else None
         self.mask_steps = mask.masked_round_count(cfg.block_m, cfg.block_n, causal)
 
@@ -69,7 +71,8 @@ class FlashFwdTma:
         self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
                     softmax_scale * LOG2_E, causal_offset, write_lse, sQ_layout, sKV_layout,
                     Storage).launch(grid=grid, block=(cfg.num_threads, 1, 1),
-                                    smem=Storage.size_in_bytes(), stream=stream)
+                                    smem=Storage.size_in_bytes(), stream=stream,
+                                    **occupancy_options(self.ctas_per_sm))
 
     @cute.kernel
     def kernel(self, tma_atom_Q: cute.CopyAtom, tma_Q: cute.Tensor, tma_atom_K: cute.CopyAtom,
