@@ -72,12 +72,11 @@ class FlashFwdSm80:
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch = mask.block_coords(self.causal)
         seqlen_q = mQ.shape[1]
         seqlen_k = mK.shape[1]
-        head_kv = head // (mQ.shape[2] // mK.shape[2])
         # K/V tiles are walked from n_block_max - 1 down to 0
-        n_block_max = mask.key_block_count(seqlen_k, m_block, bm, bn, causal_offset, self.causal)
+        m_block, head, batch, head_kv, n_block_max = mask.cta_work(
+            seqlen_k, mQ.shape[2], mK.shape[2], bm, bn, causal_offset, self.causal)
 
         gQ = cute.local_tile(mQ[batch, None, head, None], (bm, dp), (m_block, 0))
         gK = cute.local_tile(mK[batch, None, head_kv, None], (bn, dp), (None, 0))

@@ -85,12 +85,11 @@ class FlashFwdTma:
         stages = self.kv_stages
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch = mask.block_coords(self.causal)
         # TMA order: (seqlen, head_dim, heads, batch)
         seqlen_q = tma_Q.shape[0]
         seqlen_k = tma_K.shape[0]
-        head_kv = head // (tma_Q.shape[2] // tma_K.shape[2])
-        n_block_max = mask.key_block_count(seqlen_k, m_block, bm, bn, causal_offset, self.causal)
+        m_block, head, batch, head_kv, n_block_max = mask.cta_work(
+            seqlen_k, tma_Q.shape[2], tma_K.shape[2], bm, bn, causal_offset, self.causal)
 
         storage = cutlass.memory.SmemAllocator().allocate(Storage)
         sQ = storage.sQ.get_tensor(sQ_layout)

@@ -1,5 +1,5 @@
 """Which keys a query may see: the one rule shared by the kernels and the host side, and
-which query and key blocks a CTA visits.
+which query block, heads and key blocks a CTA visits.
 
 causal_offset = Sk - Sq aligns the bottom-right corner (flash-attn's causal);
 causal_offset = 0 is the top-left alignment of the walkthrough and of torch SDPA.
@@ -40,6 +40,16 @@ def key_block_count(seqlen_k, m_block, block_m: int, block_n: int, causal_offset
         last_key = last_visible_key((m_block + 1) * block_m - 1, causal_offset)
         n_blocks = cutlass.min(n_blocks, (cutlass.max(last_key + 1, 0) + block_n - 1) // block_n)
     return n_blocks
+
+
+def cta_work(seqlen_k, heads_q, heads_kv, block_m: int, block_n: int, causal_offset,
+             causal: bool):
+    """What this CTA computes: (query block, head, batch, K/V head, key blocks to visit).
+    Under GQA/MQA heads_q / heads_kv consecutive query heads read one K/V head."""
+    m_block, head, batch = block_coords(causal)
+    head_kv = head // (heads_q // heads_kv)
+    n_block_max = key_block_count(seqlen_k, m_block, block_m, block_n, causal_offset, causal)
+    return m_block, head, batch, head_kv, n_block_max
 
 
 def masked_round_count(block_m: int, block_n: int, causal: bool) -> int:

@@ -4,6 +4,8 @@
 * `swizzle_bank_map`: where each 16-byte chunk of a tile lands among the 8
   bank groups of a 128-byte shared-memory line, with and without the swizzle.
 * `copy_map`: which thread copies each 16-byte chunk gmem->smem.
+* `tma_box_map`: which TMA box wrote each chunk of a K ring stage, and its bank group.
+* `ring_timeline`: the K/V tiles in flight in the TMA kernel's ring, round by round.
 """
 
 from __future__ import annotations
@@ -74,6 +76,17 @@ def ownership_grid(layouts, operand: str = "S", rows=(0, 16), cols=(0, 8), warp=
     return ax
 
 
+def _numbered_grid(ax, colours, numbers, fontsize, xlabel, ylabel, title, **imshow):
+    """Colour each cell by `colours` and write its entry of `numbers` in it."""
+    ax.imshow(colours, interpolation="nearest", **imshow)
+    for (i, j), n in np.ndenumerate(numbers):
+        ax.text(j, i, str(n), ha="center", va="center", fontsize=fontsize)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    return ax
+
+
 def bank_group(offset_elems, elem_bytes: int = 2):
     """Which 16-byte quarter-bank group (0..7) of a 128-byte line an element offset falls in."""
     return (np.asarray(offset_elems) * elem_bytes // 16) % 8
@@ -92,13 +105,10 @@ def swizzle_bank_map(layouts, tensor: str = "Q", rows: int = 8, ax=None):
     if ax is None:
         _, ax = plt.subplots(1, 2, figsize=(2 + 0.5 * chunks.shape[1] * 2, 1 + 0.45 * rows))
     for a, groups, title in ((ax[0], raw, "row-major"), (ax[1], swz, "swizzled")):
-        a.imshow(groups, cmap="tab10", vmin=0, vmax=9, interpolation="nearest")
-        for (i, j), g in np.ndenumerate(groups):
-            a.text(j, i, str(g), ha="center", va="center", fontsize=8)
-        a.set_xlabel(f"16-byte chunk (columns {cfg.vector_elems}j..{cfg.vector_elems}j+"
-                     f"{cfg.vector_elems - 1})")
-        a.set_ylabel("row")
-        a.set_title(f"{tensor}: bank group, {title}")
+        _numbered_grid(a, groups, groups, 8,
+                       f"16-byte chunk (columns {cfg.vector_elems}j..{cfg.vector_elems}j+"
+                       f"{cfg.vector_elems - 1})", "row", f"{tensor}: bank group, {title}",
+                       cmap="tab10", vmin=0, vmax=9)
     return ax
 
 
@@ -116,13 +126,10 @@ def copy_map(layouts, tensor: str = "Q", rows=None, ax=None):
                 grid[r, c // cfg.vector_elems] = tid
     if ax is None:
         _, ax = plt.subplots(figsize=(1 + 0.6 * grid.shape[1], 1 + 0.25 * rows))
-    ax.imshow(grid % 20, cmap="tab20", interpolation="nearest", aspect="auto")
-    for (i, j), t in np.ndenumerate(grid):
-        ax.text(j, i, str(t), ha="center", va="center", fontsize=6)
-    ax.set_xlabel(f"16-byte chunk of the row ({cfg.vector_elems} elements)")
-    ax.set_ylabel("row")
-    ax.set_title(f"{tensor}: cp.async thread of each chunk")
-    return ax
+    return _numbered_grid(ax, grid % 20, grid, 6,
+                          f"16-byte chunk of the row ({cfg.vector_elems} elements)", "row",
+                          f"{tensor}: cp.async thread of each chunk", cmap="tab20",
+                          aspect="auto")
 
 
 def tma_box_map(layouts, stage: int = 0, rows: int = 16, ax=None):
@@ -137,13 +144,11 @@ def tma_box_map(layouts, stage: int = 0, rows: int = 16, ax=None):
                                    cfg.elem_bytes) for c in range(n_chunks)] for r in range(rows)])
     if ax is None:
         _, ax = plt.subplots(figsize=(1 + 0.55 * n_chunks, 1 + 0.3 * rows))
-    ax.imshow(boxes, cmap="Pastel1", vmin=0, vmax=8, interpolation="nearest", aspect="auto")
-    for (i, j), g in np.ndenumerate(groups):
-        ax.text(j, i, str(g), ha="center", va="center", fontsize=7)
-    ax.set_xlabel(f"16-byte chunk of the row (colour: TMA box, {box.cols} columns each)")
-    ax.set_ylabel("key row")
-    ax.set_title(f"K, ring stage {stage}: bank group of each chunk ({box.swizzle_bytes}-byte swizzle)")
-    return ax
+    return _numbered_grid(ax, boxes, groups, 7,
+                          f"16-byte chunk of the row (colour: TMA box, {box.cols} columns each)",
+                          "key row", f"K, ring stage {stage}: bank group of each chunk "
+                          f"({box.swizzle_bytes}-byte swizzle)",
+                          cmap="Pastel1", vmin=0, vmax=8, aspect="auto")
 
 
 def ring_timeline(rounds, stages: int, ax=None):
