@@ -134,6 +134,7 @@ def compile_kernel(key: KernelKey, *, keep_ptx: bool = False):
 
 _memory: dict = {}
 _lock = threading.Lock()
+_saving: list = []
 
 
 def get_kernel(key: KernelKey):
@@ -147,10 +148,21 @@ def get_kernel(key: KernelKey):
             fn = _load(key)
             if fn is None:
                 compiled = compile_kernel(key)
-                _save(key, compiled)
+                # exporting the object (~0.3 s) is off the first call's path; the thread is
+                # not a daemon, so the file is complete before the interpreter exits
+                saver = threading.Thread(target=_save, args=(key, compiled),
+                                         name=f"cute_fa-save-{key.digest()[:8]}")
+                saver.start()
+                _saving.append(saver)
                 fn = compiled
             _memory[key] = fn
     return fn
+
+
+def wait_for_saves() -> None:
+    """Block until every compiled kernel is written to the disk cache."""
+    while _saving:
+        _saving.pop().join()
 
 
 def _object_path(key: KernelKey) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 
-from .compiler import get_kernel
+from .compiler import get_kernel, wait_for_saves
 from .tuning import kernel_key
 
 
@@ -30,6 +30,7 @@ def precompile(head_dims=(64, 128), dtypes=("bfloat16", "float16"), causal=(Fals
         key = kernel_key(arch, dtype, int(head_dim), bool(is_causal), backend)
         get_kernel(key)
         keys.append(key)
+    wait_for_saves()
     return keys
 
 

@@ -2,9 +2,13 @@
 
 Each row is tried in order; the first whose shared memory fits the arch wins.
 (head_dim_max, causal) -> [(block_m, block_n, num_threads), ...]
-Tuned on the H200 (bf16, S = 1k and 8k, see docs/perf/): 128x64 with 4 warps beat
-128x128 (4 or 8 warps), 64x128 and 128x64 with 8 warps for head_dim 64 and 128,
-causal or not. The smaller fallbacks are for the ~100 KB of sm86/sm89/sm120.
+Tuned on the H200 (bf16, S = 1k and 8k, see docs/perf/): for the sm80 kernel 128x64 with
+4 warps beat 128x128 (4 or 8 warps), 64x128 and 128x64 with 8 warps at head_dim 64; at
+head_dim 128 it is not spill-free (32 query rows per warp: ptxas spills 8-96 bytes at 255
+registers), so the sm80 kernel takes 128x128 with 8 warps there (16 rows per warp, 220-250
+registers, no spills on sm_80, sm_90a or sm_120a). The TMA kernel keeps 128x64 with 4 warps
+(no cp.async addresses in its registers: spill-free). The smaller fallbacks are for the
+~100 KB of sm86/sm89/sm120.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ SMEM_BYTES = {  # usable dynamic shared memory per CTA
     "sm_120a": 99 * 1024,
 }
 
-TILES = {
+TMA_TILES = {
     (64, False): [(128, 64, 128), (64, 64, 128)],
     (64, True): [(128, 64, 128), (64, 64, 128)],
     (128, False): [(128, 64, 128), (64, 64, 128)],
@@ -37,6 +41,9 @@ TILES = {
     (256, True): [(128, 64, 256), (64, 64, 128), (64, 32, 128)],
 }
 
+TILES = dict(TMA_TILES)  # the sm80 kernel's
+TILES[128, False] = TILES[128, True] = [(128, 128, 256), (64, 64, 128)]
+
 
 def head_dim_class(head_dim: int) -> int:
     for limit in (64, 128, 192, 256):
@@ -45,10 +52,12 @@ def head_dim_class(head_dim: int) -> int:
     raise ValueError(f"head_dim must be at most 256, got {head_dim}")
 
 
-def tile_config(arch: str, dtype: str, head_dim: int, causal: bool) -> TileConfig:
-    """The TileConfig the sm80 kernel uses for this problem on `arch`."""
+def tile_config(arch: str, dtype: str, head_dim: int, causal: bool,
+                backend: str = "sm80") -> TileConfig:
+    """The TileConfig the sm80 (or, with backend='tma', the TMA) kernel uses on `arch`."""
     budget = SMEM_BYTES.get(arch, 99 * 1024)
-    for block_m, block_n, num_threads in TILES[head_dim_class(head_dim), causal]:
+    table = TMA_TILES if backend == "tma" else TILES
+    for block_m, block_n, num_threads in table[head_dim_class(head_dim), causal]:
         try:
             cfg = TileConfig(head_dim=head_dim, block_m=block_m, block_n=block_n,
                              num_threads=num_threads, dtype=dtype)
@@ -89,11 +98,11 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     from .compiler import KernelKey
 
     backend = resolve_backend(arch, backend, head_dim, causal)
-    cfg = tile_config(arch, dtype, head_dim, causal)
+    cfg = tile_config(arch, dtype, head_dim, causal, backend)
     cap = REGISTER_CAP_CTAS.get((arch, backend, head_dim_class(head_dim), causal), 0)
     if backend == "sm80":
         return KernelKey(arch, causal, cfg, ctas_per_sm=cap)
-    tile = TMA_TILES.get((arch.rstrip("a"), cfg.head_dim_padded))
+    tile = TMA_TILE_EXCEPTIONS.get((arch.rstrip("a"), cfg.head_dim_padded))
     if tile is not None:
         cfg = TileConfig(head_dim=head_dim, block_m=tile[0], block_n=tile[1],
                          num_threads=tile[2], dtype=dtype)
@@ -103,11 +112,11 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
                      lazy_rescale=bool(lazy_rescale), ctas_per_sm=cap)
 
 
-# Tiles of the TMA kernel where they differ from TILES, by (arch, padded head_dim): on
+# Tiles of the TMA kernel where they differ from TMA_TILES, by (arch, padded head_dim): on
 # sm_120a, ptxas spills the 128x64 tile at a padded head_dim of 128 (32 query rows per warp:
 # 128 O + 64 S accumulators per thread) by up to 456 bytes; 128x32 compiles without spills
 # (while at 96 it is 128x32 that spills). Checked with ptxas only, not on an sm120 GPU.
-TMA_TILES = {("sm_120", 128): (128, 32, 128)}
+TMA_TILE_EXCEPTIONS = {("sm_120", 128): (128, 32, 128)}
 
 # CTAs per SM the TMA kernel's K/V ring is sized for (default 2). head_dim 64 is sized for
 # three (3 stages instead of 4): the causal kernel's registers are capped for three CTAs
@@ -125,7 +134,7 @@ TMA_CTAS_PER_SM = {64: 3}
 REGISTER_CAP_CTAS: dict = {("sm_90a", "tma", 64, True): 3}
 
 # 'auto' picks per (arch, head_dim class, causal); absent entries use the sm80 kernel.
-# Measured on the H200 (docs/perf/README.md, runs 10 and 11: TMA / sm80 mean 1.08x at head_dim
+# Measured on the H200 (docs/perf/README.md, runs 12 and 13: TMA / sm80 mean 1.16x at head_dim
 # 128, 1.03x at 64 with the register cap above); sm120 is not measured here, so it stays on
 # sm80, and so do head_dim 192 / 256 (TMA 0.89x-0.93x of sm80 in an earlier side timing).
 AUTO: dict = {("sm_90a", 64, False): "tma", ("sm_90a", 64, True): "tma",

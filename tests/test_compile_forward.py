@@ -16,15 +16,6 @@ CASES = [(limit, causal, "bfloat16" if i % 2 else "float16")
          for i, (limit, causal) in enumerate(sorted(TILES))] + [(40, True, "bfloat16")]
 
 
-def _known_spill(cfg) -> bool:
-    # head_dim 128 on 128x64 tiles with 4 warps (32 query rows per warp): 128 O + 64 S
-    # accumulators and 16 K/V cp.async addresses per thread; ptxas spills 16-80 bytes. The
-    # spill-free alternatives (128x64 with 8 warps: ~200 registers; 64x64) measured ~10%
-    # slower on the H200 (docs/perf/README.md); kept, and listed here so that the day it
-    # stops spilling this test says so.
-    return cfg.head_dim_padded == 128 and cfg.block_m == 128 and cfg.num_warps == 4
-
-
 def _one_round_mmas(cfg) -> int:
     """mma.sync m16n8k16 instructions of one K/V round of one warp, from the tile: a warp owns
     block_m / num_warps query rows; S = Q @ K^T takes (rows/16)(block_n/8)(head_dim/16) of
@@ -53,10 +44,7 @@ def test_forward_compiles_without_spills(arch, head_dim, causal, dtype):
     assert "shfl.sync.bfly" in ptx  # the quad reductions
     res = ptxas_resources(ptx, arch)
     assert res["registers"] <= 255
-    if _known_spill(cfg):
-        assert res["spill_stores"] > 0, "no longer spills: drop it from _known_spill"
-    else:
-        assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
 
 
 # (arch, head_dim, causal, dtype, lazy_rescale): every head_dim class on sm_90a, the two

@@ -7,6 +7,11 @@ ldmatrix ahead instead, and the MMAs of each ldmatrix run as soon as it lands;
 without it, one k-step ahead (the classic FA2 loop). A (Q) is loaded a k-step ahead;
 when A is already in registers (P) it is not loaded at all. Which one spills less is
 ptxas's call, measured per kernel (tests/test_compile_forward.py).
+
+The k-step loops are `cutlass.range(..., unroll_full=True)`: traced once and unrolled by the
+compiler, where the loop index becomes a constant again, so every fragment index is static
+as before. Unrolled in Python (`range_constexpr`) the DSL traced every ldmatrix and MMA one by
+one, which took about a third of a first call's compile time.
 """
 
 import cutlass
@@ -33,8 +38,8 @@ def gemm_ldmatrix(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
         if cutlass.const_expr(s2r_a is not None):
             cute.copy(s2r_a, tCsA[None, None, 0], tCrA_view[None, None, 0])
         cute.copy(s2r_b, tCsB[None, None, 0], tCrB_view[None, None, 0])
-        for k in cutlass.range_constexpr(num_k):
-            if cutlass.const_expr(k + 1 < num_k):
+        for k in cutlass.range(num_k, unroll_full=True):
+            if k + 1 < num_k:
                 if cutlass.const_expr(s2r_a is not None):
                     cute.copy(s2r_a, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
                 cute.copy(s2r_b, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
@@ -42,16 +47,17 @@ def gemm_ldmatrix(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
         return
     n_copy = cute.size(tCrB_view.shape[1])
     per_copy = cute.size(tCrB.shape[1]) // n_copy
-    steps = [(k, c) for k in range(num_k) for c in range(n_copy)]
+    n_steps = num_k * n_copy  # step i is ldmatrix c = i % n_copy of k-step k = i // n_copy
     if cutlass.const_expr(s2r_a is not None):
         cute.copy(s2r_a, tCsA[None, None, 0], tCrA_view[None, None, 0])
     cute.copy(s2r_b, tCsB[None, 0, 0], tCrB_view[None, 0, 0])
-    for i in cutlass.range_constexpr(len(steps)):
-        k, c = steps[i]
-        if cutlass.const_expr(s2r_a is not None and c == 0 and k + 1 < num_k):
-            cute.copy(s2r_a, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
-        if cutlass.const_expr(i + 1 < len(steps)):
-            k1, c1 = steps[i + 1]
+    for i in cutlass.range(n_steps, unroll_full=True):
+        k, c = i // n_copy, i % n_copy
+        if cutlass.const_expr(s2r_a is not None):
+            if c == 0 and k + 1 < num_k:
+                cute.copy(s2r_a, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
+        if i + 1 < n_steps:
+            k1, c1 = (i + 1) // n_copy, (i + 1) % n_copy
             cute.copy(s2r_b, tCsB[None, c1, k1], tCrB_view[None, c1, k1])
         for j in cutlass.range_constexpr(per_copy):
             n = c * per_copy + j
