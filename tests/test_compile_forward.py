@@ -1,6 +1,8 @@
-"""Every tile class of the sm80 kernel compiles on the CPU for sm_80, sm_90a and sm_120a, and a
-representative set of the TMA kernel for sm_90a and sm_120a, without register spills, within
-the arch's shared memory, with the instructions they are made of."""
+"""Every shipped kernel class compiles on the CPU without register spills, within the arch's
+shared memory, with the instructions it is made of: the sm80 kernel for sm_80, sm_90a and
+sm_120a, the TMA kernel (lazy rescale, the default) for sm_90a and sm_120a, each for every
+head_dim class, dtype and causality, plus head_dims that need padding and the eager TMA kernel
+the benchmark compares against."""
 
 import re
 
@@ -10,10 +12,11 @@ from cute_fa.compiler import KernelKey, compile_kernel, ptxas_resources
 from cute_fa.tuning import SMEM_BYTES, TILES, kernel_key, tile_config
 
 ARCHS = ["sm_80", "sm_90a", "sm_120a"]
-# one problem per (head_dim class, causal) row of the tile table, alternating dtypes,
-# plus head_dims that need padding to the MMA's K of 16
-CASES = [(limit, causal, "bfloat16" if i % 2 else "float16")
-         for i, (limit, causal) in enumerate(sorted(TILES))] + [(40, True, "bfloat16")]
+DTYPES = ("bfloat16", "float16")
+# every (head_dim class, causal) row of the tile table in both dtypes (ptxas's register
+# allocation near 255 differs between them), plus a head_dim padded to the MMA's K of 16
+CASES = [(limit, causal, dtype) for limit, causal in sorted(TILES) for dtype in DTYPES] + [
+    (40, True, "bfloat16")]
 
 
 def _one_round_mmas(cfg) -> int:
@@ -47,19 +50,14 @@ def test_forward_compiles_without_spills(arch, head_dim, causal, dtype):
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
 
 
-# (arch, head_dim, causal, dtype, lazy_rescale): every head_dim class on sm_90a, the two
-# largest on sm_120a (whose ~100 KB force other tiles and fewer stages), padding; the lazy
-# rescale is on by default, the eager kernel (the benchmark's comparison) checked once
-TMA_CASES = [
-    ("sm_90a", 64, False, "float16", True),
-    ("sm_90a", 64, True, "bfloat16", True),
-    ("sm_90a", 128, True, "float16", True),
+# (arch, head_dim, causal, dtype, lazy_rescale): the default (lazy) kernel of every head_dim
+# class, dtype and causality on sm_90a and on sm_120a (whose ~100 KB force other tiles and
+# fewer stages), padding, and the eager kernel of the benchmark's comparison at head_dim 128
+# (eager kernels are not reachable from the public API; some spill, see docs/perf/README.md)
+TMA_CASES = [(arch, limit, causal, dtype, True) for arch in ("sm_90a", "sm_120a")
+             for limit, causal in sorted(TILES) for dtype in DTYPES] + [
     ("sm_90a", 128, False, "bfloat16", False),
-    ("sm_90a", 192, True, "float16", True),
-    ("sm_90a", 256, False, "bfloat16", True),
     ("sm_90a", 40, True, "bfloat16", True),
-    ("sm_120a", 128, True, "bfloat16", True),
-    ("sm_120a", 256, False, "float16", True),
 ]
 
 
