@@ -99,7 +99,7 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
 
     backend = resolve_backend(arch, backend, head_dim, causal)
     cfg = tile_config(arch, dtype, head_dim, causal, backend)
-    cap = REGISTER_CAP_CTAS.get((arch, backend, head_dim_class(head_dim), causal, dtype), 0)
+    cap = REGISTER_CAP_CTAS.get((arch, backend, head_dim_class(head_dim), causal), 0)
     if backend == "sm80":
         return KernelKey(arch, causal, cfg, ctas_per_sm=cap)
     tile = TMA_TILE_EXCEPTIONS.get((arch.rstrip("a"), cfg.head_dim_padded))
@@ -124,15 +124,14 @@ TMA_TILE_EXCEPTIONS = {("sm_120", 128): (128, 32, 128)}
 # 3 vs 4 stages measured no consistent difference there (run3-tma vs run4-tma in docs/perf/).
 TMA_CTAS_PER_SM = {64: 3}
 
-# (arch, backend, head_dim class, causal, dtype) -> CTAs per SM the registers are capped for
+# (arch, backend, head_dim class, causal) -> CTAs per SM the registers are capped for
 # (ptxas's .minnctapersm); absent: ptxas's choice. ncu on the H200 (docs/perf/README.md):
 # at head_dim 64 ptxas gives the kernels 205-241 registers, so two CTAs (8 warps) share an
 # SM and the warps stall mostly on fixed-latency dependencies. Capped at 168 registers for
-# three CTAs, the bf16 causal TMA kernel compiles without spills and measured ~3-5% faster;
-# the non-causal TMA kernel and the sm80 kernel (50-60 bytes of spills) lost 4-10%, so they
-# keep ptxas's choice, and so does the fp16 causal TMA kernel, which capped spills 4 bytes
-# since the GEMM loops are unrolled by the compiler.
-REGISTER_CAP_CTAS: dict = {("sm_90a", "tma", 64, True, "bfloat16"): 3}
+# three CTAs, the causal TMA kernel compiles without spills and measured ~3-5% faster; the
+# non-causal TMA kernel and the sm80 kernel (50-60 bytes of spills) lost 4-10%, so they keep
+# ptxas's choice.
+REGISTER_CAP_CTAS: dict = {("sm_90a", "tma", 64, True): 3}
 
 # 'auto' picks per (arch, head_dim class, causal); absent entries use the sm80 kernel.
 # Measured on the H200 (docs/perf/README.md, runs 12 and 13: TMA / sm80 mean 1.16x at head_dim

@@ -194,11 +194,12 @@ class FlashFwdTma:
         acc_S.fill(0.0)
 
         cute.arch.mbarrier_wait(bar_K + stage, phase)
-        # fine-grained B loads or not: whichever ptxas compiles without spills (at head_dim
-        # 128 on sm_90a each choice spills 24-40 bytes in the other kind of kernel)
+        # fine-grained B loads or not, traced step by step or not: whichever ptxas compiles
+        # without spills (at head_dim 128 on sm_90a each choice of `fine` spills 24-40 bytes in
+        # the other kind of kernel; see gemm.py for python_unrolled)
         gemm_ldmatrix(tiled_mma, acc_S, tSrQ, tSrK, s2r_k, ldsm["tSsK"][None, None, None, stage],
                       ldsm["tSrK_view"], s2r_q, ldsm["tSsQ"], ldsm["tSrQ_view"],
-                      fine=not self.causal)
+                      fine=not self.causal, python_unrolled=self.causal)
 
         acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
         if masked:

@@ -11,7 +11,9 @@ ptxas's call, measured per kernel (tests/test_compile_forward.py).
 The k-step loops are `cutlass.range(..., unroll_full=True)`: traced once and unrolled by the
 compiler, where the loop index becomes a constant again, so every fragment index is static
 as before. Unrolled in Python (`range_constexpr`) the DSL traced every ldmatrix and MMA one by
-one, which took about a third of a first call's compile time.
+one, which took about a third of a first call's compile time. The one exception: the causal
+TMA kernel's S GEMM, whose fp16 head_dim-64 kernel, register-capped, spills 4 bytes when the
+compiler unrolls it (ptxas sees a differently ordered loop body) and none when Python does.
 """
 
 import cutlass
@@ -27,23 +29,33 @@ def _with_unit_mode(t):
 def gemm_ldmatrix(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
                   s2r_b: cute.TiledCopy, tCsB: cute.Tensor, tCrB_view: cute.Tensor,
                   s2r_a: cute.TiledCopy = None, tCsA: cute.Tensor = None,
-                  tCrA_view: cute.Tensor = None, fine: cutlass.Constexpr = True):
+                  tCrA_view: cute.Tensor = None, fine: cutlass.Constexpr = True,
+                  python_unrolled: cutlass.Constexpr = False):
     """acc += A @ B over all k-steps; B (and A if s2r_a is given) read from smem with ldmatrix.
 
     tCrB_view[None, c, k] is the c-th ldmatrix of k-step k; it covers MMA columns
-    c * per_copy ... (c + 1) * per_copy - 1 of tCrB.
+    c * per_copy ... (c + 1) * per_copy - 1 of tCrB. python_unrolled (k-step path only) traces
+    each k-step in Python instead of letting the compiler unroll the loop.
     """
     num_k = cute.size(tCrB.shape[2])
     if cutlass.const_expr(not fine):
         if cutlass.const_expr(s2r_a is not None):
             cute.copy(s2r_a, tCsA[None, None, 0], tCrA_view[None, None, 0])
         cute.copy(s2r_b, tCsB[None, None, 0], tCrB_view[None, None, 0])
-        for k in cutlass.range(num_k, unroll_full=True):
-            if k + 1 < num_k:
-                if cutlass.const_expr(s2r_a is not None):
-                    cute.copy(s2r_a, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
-                cute.copy(s2r_b, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
-            cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+        if cutlass.const_expr(python_unrolled):
+            for k in cutlass.range_constexpr(num_k):
+                if cutlass.const_expr(k + 1 < num_k):
+                    if cutlass.const_expr(s2r_a is not None):
+                        cute.copy(s2r_a, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
+                    cute.copy(s2r_b, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
+                cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+        else:
+            for k in cutlass.range(num_k, unroll_full=True):
+                if k + 1 < num_k:
+                    if cutlass.const_expr(s2r_a is not None):
+                        cute.copy(s2r_a, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
+                    cute.copy(s2r_b, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
+                cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
         return
     n_copy = cute.size(tCrB_view.shape[1])
     per_copy = cute.size(tCrB.shape[1]) // n_copy
