@@ -25,6 +25,16 @@ def _with_unit_mode(t):
     return cute.make_tensor(t.iterator, cute.append(t.layout, cute.make_layout(1)))
 
 
+def _load_next_then_mma(tiled_mma, acc, tCrA, tCrB, s2r_b, tCsB, tCrB_view, s2r_a, tCsA,
+                        tCrA_view, k):
+    """One k-step of the k-step path: ldmatrix k-step k + 1 (A only if s2r_a is given), then
+    the MMAs of k-step k."""
+    if s2r_a is not None:
+        cute.copy(s2r_a, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
+    cute.copy(s2r_b, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
+    cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+
+
 @cute.jit
 def gemm_ldmatrix(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor, tCrB: cute.Tensor,
                   s2r_b: cute.TiledCopy, tCsB: cute.Tensor, tCrB_view: cute.Tensor,
@@ -42,20 +52,16 @@ def gemm_ldmatrix(tiled_mma: cute.TiledMma, acc: cute.Tensor, tCrA: cute.Tensor,
         if cutlass.const_expr(s2r_a is not None):
             cute.copy(s2r_a, tCsA[None, None, 0], tCrA_view[None, None, 0])
         cute.copy(s2r_b, tCsB[None, None, 0], tCrB_view[None, None, 0])
+        # k-steps 0 .. num_k - 2 load the next k-step first; the last one has nothing to load
         if cutlass.const_expr(python_unrolled):
-            for k in cutlass.range_constexpr(num_k):
-                if cutlass.const_expr(k + 1 < num_k):
-                    if cutlass.const_expr(s2r_a is not None):
-                        cute.copy(s2r_a, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
-                    cute.copy(s2r_b, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
-                cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+            for k in cutlass.range_constexpr(num_k - 1):
+                _load_next_then_mma(tiled_mma, acc, tCrA, tCrB, s2r_b, tCsB, tCrB_view, s2r_a,
+                                    tCsA, tCrA_view, k)
         else:
-            for k in cutlass.range(num_k, unroll_full=True):
-                if k + 1 < num_k:
-                    if cutlass.const_expr(s2r_a is not None):
-                        cute.copy(s2r_a, tCsA[None, None, k + 1], tCrA_view[None, None, k + 1])
-                    cute.copy(s2r_b, tCsB[None, None, k + 1], tCrB_view[None, None, k + 1])
-                cute.gemm(tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+            for k in cutlass.range(num_k - 1, unroll_full=True):
+                _load_next_then_mma(tiled_mma, acc, tCrA, tCrB, s2r_b, tCsB, tCrB_view, s2r_a,
+                                    tCsA, tCrA_view, k)
+        cute.gemm(tiled_mma, acc, tCrA[None, None, num_k - 1], tCrB[None, None, num_k - 1], acc)
         return
     n_copy = cute.size(tCrB_view.shape[1])
     per_copy = cute.size(tCrB.shape[1]) // n_copy
