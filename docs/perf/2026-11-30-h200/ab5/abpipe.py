@@ -1,10 +1,8 @@
 """A/B of the pipelined TMA kernel at head_dim 64: python abpipe.py TAG base|pipe (bf16+fp16, both causal)"""
-import sys, statistics, time, dataclasses, math, torch
+import sys, dataclasses, torch
 import cute_fa, cute_fa.interface as itf, cute_fa.tuning as tn
 from cute_fa.kernels import fwd_tma
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from abtiming import tms
-F = torch.nn.functional
+from abtiming import vs_flash
 tag, mode = sys.argv[1], sys.argv[2]
 if mode == "pipe":
     orig = fwd_tma.FlashFwdTma.__init__
@@ -35,11 +33,7 @@ for (b, sq, sk, hq, hk, causal, dt) in [(2, 17, 17, 4, 2, True, torch.bfloat16),
 for dtype in (torch.bfloat16, torch.float16):
     for causal in (False, True):
         for S in (1024, 2048, 4096, 8192, 16384):
-            d = 64; B, H = 16384 // S, 2048 // d
-            q, k, v = (torch.randn(B, S, H, d, device="cuda", dtype=dtype) for _ in range(3))
-            fl = 4 * B * H * S * S * d / (2 if causal else 1)
-            t1 = tms(lambda: cute_fa.forward(q, k, v, causal=causal, backend="tma"))
-            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                t2 = tms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal))
-            print(f"AB {tag} {mode} {str(dtype)[6:]} c={int(causal)} S={S}: {fl/t1/1e9:.0f} TF flash {fl/t2/1e9:.0f} ratio {t2/t1:.3f}", flush=True)
+            tf, tf_flash, ratio = vs_flash(
+                lambda q, k, v, c: cute_fa.forward(q, k, v, causal=c, backend="tma"),
+                64, dtype, causal, S)
+            print(f"AB {tag} {mode} {str(dtype)[6:]} c={int(causal)} S={S}: {tf:.0f} TF flash {tf_flash:.0f} ratio {ratio:.3f}", flush=True)
