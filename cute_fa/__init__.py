@@ -6,20 +6,31 @@ imports the CuTe DSL) and `cute_fa.reference` load on first use.
 
 import importlib
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what the lazy attributes below resolve to, for type checkers
+    from . import kernels, layouts, reference
+    from ._precompile import precompile
+    from .interface import forward, sdpa
 
 __version__ = "0.1.0"
 __all__ = ["forward", "sdpa", "precompile", "layouts", "reference", "__version__"]
 
-_LAZY = {"forward": "interface", "sdpa": "interface", "precompile": "precompile"}
+_LAZY = {"forward": "interface", "sdpa": "interface", "precompile": "_precompile"}
+_SUBMODULES = ("layouts", "reference", "kernels")
 
 
-def __getattr__(name):
+def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    if name in ("layouts", "reference", "kernels"):
+    if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__() -> list:
+    return sorted(set(__all__) | set(_SUBMODULES))
+
+
 if os.environ.get("CUTE_FA_PRECOMPILE"):
-    importlib.import_module(f"{__name__}.precompile").precompile_from_env()
+    importlib.import_module(f"{__name__}._precompile").precompile_from_env()

@@ -1,22 +1,31 @@
-"""python -m cute_fa [demo | tour | layouts --tid N | probe | precompile | bench]
+"""python -m cute_fa [demo | tour | layouts | probe | precompile | bench] (also: cute-fa ...)
 
 With no command: on a machine with a CUDA GPU, run cute_fa.forward on random
 data and check it against torch SDPA (`demo`); without one, print the per-lane
-tour of the walkthrough's configuration (`tour`).
+tour of the configuration that docs/walkthrough.md follows (`tour`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+_FORMATTER = argparse.ArgumentDefaultsHelpFormatter
+
+
+class _UsageError(Exception):
+    """A command that cannot run here or with these values: printed, exit status 2."""
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--block-m", type=int, default=64)
-    p.add_argument("--block-n", type=int, default=64)
-    p.add_argument("--num-threads", type=int, default=128)
-    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    p.add_argument("--head-dim", type=int, default=64, help="head dimension D of Q, K, V")
+    p.add_argument("--block-m", type=int, default=64, help="query rows per CTA (tile M)")
+    p.add_argument("--block-n", type=int, default=64, help="key/value rows per round (tile N)")
+    p.add_argument("--num-threads", type=int, default=128,
+                   help="threads per CTA (a multiple of 32)")
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"],
+                   help="element type of Q, K, V")
 
 
 def _layouts(args):
@@ -26,29 +35,43 @@ def _layouts(args):
                         num_threads=args.num_threads, dtype=args.dtype)
 
 
-def _cmd_layouts(args) -> None:
+def _need_gpu(command: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise _UsageError(f"{command} needs a CUDA GPU (sm80 or newer) and torch sees none here "
+                          f"(torch.cuda.is_available() is False); without a GPU, "
+                          f"`python -m cute_fa tour` and `layouts` run on the CPU")
+
+
+def _cmd_layouts(args) -> int:
     L = _layouts(args)
     print(L.describe_lane(args.tid))
     for name, fn in (("copy (Q tile)", L.copy_coords), ("Q (A of QK)", L.q_coords),
                      ("K (B of QK)", L.k_coords), ("S", L.s_coords), ("V (B of PV)", L.v_coords),
                      ("O", L.o_coords)):
         print(f"\n{name}: " + " ".join(f"({r},{c})" for r, c in fn(args.tid)))
+    return 0
 
 
 def _cmd_probe(args) -> int:
-    import torch
-
-    if not torch.cuda.is_available():
-        print("probe: no CUDA GPU here; nothing to run")
-        return 0
+    config = _layouts(args).config  # bad tile values are refused before the GPU is looked for
+    _need_gpu("probe")
     from .probe import run_probe_check
 
-    report = run_probe_check(_layouts(args).config)
+    report = run_probe_check(config)
     print(report.summary())
     return 0 if report.ok else 1
 
 
 def _cmd_demo(args) -> int:
+    from .layouts.config import check_head_dim
+
+    for name in ("batch", "seqlen", "heads"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    check_head_dim("--head-dim", args.head_dim)
+    _need_gpu("demo")
     import time
 
     import torch
@@ -80,68 +103,98 @@ def _cmd_demo(args) -> int:
     return 0 if err < 5e-2 else 1
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cute_fa", description=__doc__,
+def _cmd_precompile(args) -> int:
+    from ._precompile import parse_head_dims, precompile
+
+    head_dims = parse_head_dims(args.head_dims, "--head-dims")
+    dtypes = tuple(x.strip() for x in args.dtypes.split(",") if x.strip())
+    arch = getattr(args, "arch", None)
+    if arch is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise _UsageError("precompile needs --arch (e.g. --arch sm_90a) when no CUDA GPU is "
+                              "visible; torch.cuda.is_available() is False here")
+    keys = precompile(head_dims=head_dims, dtypes=dtypes, arch=arch, backend=args.backend)
+    print(f"{len(keys)} kernels compiled or found in the cache")
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    _need_gpu("bench")  # before anything is written under --out
+    from .bench import main as bench_main
+
+    bench_main(args.out, quick=args.quick)
+    return 0
+
+
+def _cmd_tour(args) -> int:
+    from .tour import tour
+
+    print(tour(_layouts(args)))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    invoked = Path(sys.argv[0]).name
+    prog = "python -m cute_fa" if invoked in ("__main__.py", "-m", "") else invoked
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command")
-    p_tour = sub.add_parser("tour", help="print the per-lane tour")
-    _config_args(p_tour)
-    p_lay = sub.add_parser("layouts", help="everything one thread copies and holds")
-    p_lay.add_argument("--tid", type=int, default=0)
+    sub = parser.add_subparsers(dest="command", metavar="command")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, formatter_class=_FORMATTER)
+
+    _config_args(command("tour", "print the per-lane tour of one tile configuration (CPU)"))
+    p_lay = command("layouts", "everything one thread copies, holds and combines (CPU)")
+    p_lay.add_argument("--tid", type=int, default=0, help="thread index within the CTA")
     _config_args(p_lay)
-    p_probe = sub.add_parser("probe", help="run the one-tile probe on the GPU and check it")
-    _config_args(p_probe)
-    p_demo = sub.add_parser("demo", help="cute_fa.forward on random data, checked against torch")
-    p_demo.add_argument("--batch", type=int, default=4)
-    p_demo.add_argument("--seqlen", type=int, default=4096)
-    p_demo.add_argument("--heads", type=int, default=16)
-    p_demo.add_argument("--head-dim", type=int, default=128)
-    p_demo.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"])
-    p_demo.add_argument("--causal", action="store_true")
-    p_demo.add_argument("--backend", default="auto", choices=["auto", "sm80", "tma"])
-    p_pre = sub.add_parser("precompile", help="compile kernels into the on-disk cache")
-    p_pre.add_argument("--head-dims", default="64,128")
-    p_pre.add_argument("--dtypes", default="bfloat16,float16")
-    p_pre.add_argument("--arch", default=None, help="e.g. sm_90a; default: this GPU")
-    p_pre.add_argument("--backend", default="auto", choices=["auto", "sm80", "tma"])
-    p_bench = sub.add_parser("bench", help="benchmark against torch SDPA and flash-attn-4")
-    p_bench.add_argument("--out", default="docs/perf/latest")
-    p_bench.add_argument("--quick", action="store_true")
+    _config_args(command("probe", "run the one-tile probe kernel on the GPU and check it"))
+    p_demo = command("demo", "cute_fa.forward on random data, checked against torch SDPA (GPU)")
+    p_demo.add_argument("--batch", type=int, default=4, help="batch size")
+    p_demo.add_argument("--seqlen", type=int, default=4096, help="query and key length")
+    p_demo.add_argument("--heads", type=int, default=16, help="attention heads")
+    p_demo.add_argument("--head-dim", type=int, default=128, help="head dimension")
+    p_demo.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"],
+                        help="element type")
+    p_demo.add_argument("--causal", action="store_true", help="causal (bottom-right) masking")
+    p_demo.add_argument("--backend", default="auto", choices=["auto", "sm80", "tma"],
+                        help="kernel: cp.async (sm80), TMA (sm90+), or the measured choice")
+    p_pre = command("precompile", "compile kernels into the on-disk cache (CPU or GPU)")
+    p_pre.add_argument("--head-dims", default="64,128",
+                       help="comma-separated head dims, each a multiple of 8 up to 256")
+    p_pre.add_argument("--dtypes", default="bfloat16,float16",
+                       help="comma-separated element types: bfloat16, float16")
+    p_pre.add_argument("--arch", default=argparse.SUPPRESS,
+                       help="target GPU, e.g. sm_80, sm_86, sm_90a, sm_120a (default: the GPU "
+                            "at hand; required without one)")
+    p_pre.add_argument("--backend", default="auto", choices=["auto", "sm80", "tma"],
+                       help="which kernel to compile; auto: what forward() picks on that arch")
+    p_bench = command("bench", "benchmark against torch SDPA and flash-attn-4 (GPU)")
+    p_bench.add_argument("--out", default="docs/perf/latest",
+                         help="directory for results.json, results.md and results.png")
+    p_bench.add_argument("--quick", action="store_true", help="two sequence lengths only")
+    return parser
+
+
+_COMMANDS = {"layouts": _cmd_layouts, "probe": _cmd_probe, "demo": _cmd_demo,
+             "precompile": _cmd_precompile, "bench": _cmd_bench, "tour": _cmd_tour}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
-
     try:
-        if args.command == "layouts":
-            _cmd_layouts(args)
-            return 0
-        if args.command == "probe":
-            return _cmd_probe(args)
-        if args.command == "precompile":
-            from .precompile import precompile
-
-            keys = precompile(head_dims=[int(x) for x in args.head_dims.split(",")],
-                              dtypes=args.dtypes.split(","), arch=args.arch,
-                              backend=args.backend)
-            print(f"{len(keys)} kernels compiled or found in the cache")
-            return 0
-        if args.command == "bench":
-            from .bench import main as bench_main
-
-            bench_main(args.out, quick=args.quick)
-            return 0
         if args.command is None:
             import torch
 
             if torch.cuda.is_available():
                 return _cmd_demo(parser.parse_args(["demo"]))
-            print("no CUDA GPU here: the per-lane tour of the walkthrough's configuration\n")
-            args = parser.parse_args(["tour"])
-        elif args.command == "demo":
-            return _cmd_demo(args)
-        from .tour import tour
-
-        print(tour(_layouts(args)))
-        return 0
-    except ValueError as exc:
+            print("no CUDA GPU here: the per-lane tour of the configuration of "
+                  "docs/walkthrough.md\n")
+            return _cmd_tour(parser.parse_args(["tour"]))
+        return _COMMANDS[args.command](args)
+    except (ValueError, TypeError, _UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -80,6 +80,8 @@ def _fingerprint(backend: str = "sm80") -> str:
             h.update(path.relative_to(_PACKAGE_DIR).as_posix().encode())
             h.update(path.read_bytes())
         h.update(dsl_version().encode())
+        # objects compiled by one CUDA flavor of the DSL are not loaded beside another's runtime
+        h.update(Path(dsl_runtime_library() or "").parent.parent.name.encode())
         _fp_cache[backend] = h.hexdigest()[:16]
     return _fp_cache[backend]
 
@@ -172,19 +174,51 @@ def _object_path(key: KernelKey) -> Path:
 _runtime_loaded: list = []
 
 
+def dsl_runtime_library() -> str | None:
+    """The DSL runtime library of the CUDA flavor the DSL itself loads: the newest installed
+    cu<N> (nvidia-cutlass-dsl[cu13] installs cu12 and cu13) that the driver supports, the
+    newest installed where no driver answers. Read without importing the DSL."""
+    import glob
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia_cutlass_dsl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    flavors = {}
+    for d in spec.submodule_search_locations:
+        for lib in glob.glob(os.path.join(d, "cu*", "lib", "libcute_dsl_runtime.so")):
+            version = Path(lib).parent.parent.name[2:]
+            if version.isdigit():
+                flavors[int(version)] = lib
+    if not flavors:
+        return None
+    driver = _driver_cuda_major()
+    usable = [v for v in flavors if driver is None or v <= driver]
+    return flavors[max(usable or flavors)]
+
+
+def _driver_cuda_major() -> int | None:
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        version = ctypes.c_int(0)
+        if libcuda.cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return version.value // 1000
+    except (OSError, AttributeError):
+        pass
+    return None
+
+
 def _load_shared(path: Path):
     """Load a linked kernel through TVM FFI alone: no DSL import on the warm path."""
     import ctypes
-    import glob
-    import importlib.util
 
     import tvm_ffi
 
     if not _runtime_loaded:
-        spec = importlib.util.find_spec("nvidia_cutlass_dsl")
-        runtimes = [p for d in spec.submodule_search_locations
-                    for p in glob.glob(os.path.join(d, "*", "lib", "libcute_dsl_runtime.so"))]
-        for lib in runtimes[:1] + [tvm_ffi.libinfo.find_libtvm_ffi()]:
+        runtime = dsl_runtime_library()
+        for lib in ([runtime] if runtime else []) + [tvm_ffi.libinfo.find_libtvm_ffi()]:
             _runtime_loaded.append(ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL))
     return tvm_ffi.load_module(str(path))[_EXPORT_NAME]
 
@@ -227,18 +261,54 @@ def _save(key: KernelKey, compiled) -> None:
         pass
 
 
+def ptxas_path() -> str:
+    """The ptxas that resource checks run: $CUTE_FA_PTXAS, else the one in NVIDIA's
+    nvidia-cuda-nvcc wheel (a dev dependency, so a machine with only Python has it), else
+    the first on PATH. The wheel's comes before PATH so that every machine counts registers
+    with the same, pinned ptxas."""
+    import shutil
+
+    explicit = os.environ.get("CUTE_FA_PTXAS")
+    if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            raise FileNotFoundError(f"CUTE_FA_PTXAS={explicit!r} is not an executable file")
+        return explicit
+    wheel = sorted(_wheel_ptxas())  # nvidia/cu13/... sorts after nvidia/cu12/...
+    if wheel:
+        return wheel[-1]
+    on_path = shutil.which("ptxas")
+    if on_path:
+        return on_path
+    raise FileNotFoundError(
+        "ptxas not found: install the dev extras (pip install -e \".[dev]\" brings NVIDIA's "
+        "nvidia-cuda-nvcc wheel), put a CUDA toolkit's ptxas on PATH, or set CUTE_FA_PTXAS")
+
+
+def _wheel_ptxas() -> list:
+    """ptxas binaries of installed nvidia-cuda-nvcc wheels (nvidia/cu<N>/bin/ptxas)."""
+    import glob
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [p for d in spec.submodule_search_locations
+            for p in glob.glob(os.path.join(d, "cu*", "bin", "ptxas")) if os.access(p, os.X_OK)]
+
+
 def ptxas_resources(ptx: str, arch: str) -> dict:
     """Registers, spills and static shared memory of each kernel in `ptx`, from `ptxas -v`."""
+    ptxas = ptxas_path()
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"
         src.write_text(ptx)
-        cmd = ["ptxas", f"-arch={arch}", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")]
+        cmd = [ptxas, f"-arch={arch}", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")]
         out = subprocess.run(cmd, capture_output=True, text=True)
     text = out.stderr + out.stdout
     if out.returncode:  # e.g. a ptxas older than the PTX ISA the DSL emits
-        raise RuntimeError(f"ptxas -arch={arch} failed:\n{text}")
+        raise RuntimeError(f"{ptxas} -arch={arch} failed:\n{text}")
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", text)]
     spill_st = [int(x) for x in re.findall(r"(\d+) bytes spill stores", text)]
     spill_ld = [int(x) for x in re.findall(r"(\d+) bytes spill loads", text)]
     return {"registers": max(regs), "spill_stores": sum(spill_st), "spill_loads": sum(spill_ld),
-            "log": text}
+            "log": text, "ptxas": ptxas}

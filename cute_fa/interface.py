@@ -7,11 +7,15 @@ so a bad call never touches `out`), kernel choice and the launch.
 from __future__ import annotations
 
 import math
+import numbers
+from typing import Literal, overload
 
 import torch
 
 from .compiler import get_kernel
-from .tuning import kernel_key
+from .tuning import BACKENDS, arch_of_capability, kernel_key
+
+Backend = Literal["auto", "sm80", "tma"]
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -40,16 +44,56 @@ def _check_layout(name: str, t) -> None:
 
 def _check_device(name: str, t, device_index: int) -> None:
     if not t.is_cuda:
-        raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'")
+        why = "" if torch.cuda.is_available() else \
+            " (and torch sees no CUDA GPU here: torch.cuda.is_available() is False)"
+        raise ValueError(f"{name} must be on a CUDA device, got device '{t.device}'{why}")
     if t.get_device() != device_index:
         raise ValueError(f"{name} must be on cuda:{device_index} like q, got {t.device}")
 
 
-def _check_args(q, k, v, out, softmax_scale, causal, return_lse):
+def _type_name(value) -> str:
+    t = type(value)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _as_bool(name: str, value) -> bool:
+    """A Python bool, or numpy's (np.bool_, e.g. from a config array) taken as one."""
+    if value is True or value is False:
+        return value
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {_type_name(value)} {value!r}")
+
+
+def _as_scale(name: str, value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a positive finite float or None, "
+                        f"got {_type_name(value)} {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite float or None, got {value!r}")
+    return float(value)
+
+
+_FORWARD_NAMES = {"causal": "causal", "softmax_scale": "softmax_scale"}
+_SDPA_NAMES = {"causal": "is_causal", "softmax_scale": "scale"}
+
+
+def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=_FORWARD_NAMES):
+    """Every rule of a valid call, in the order a user fixes them: types, shapes, values,
+    then where the tensors live. Returns (device index, causal, softmax_scale, return_lse)
+    with the flags as Python bools and the scale as a float or None."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
     if not (k.dtype == q.dtype and v.dtype == q.dtype):
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    causal = _as_bool(names["causal"], causal)
+    return_lse = _as_bool("return_lse", return_lse)
+    softmax_scale = _as_scale(names["softmax_scale"], softmax_scale)
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, "
+                         f"got {backend!r}")
     batch, seqlen_q, heads_q, head_dim = q.shape
     _, seqlen_k, heads_k, _ = k.shape
     if batch < 1 or seqlen_q < 1 or heads_q < 1:
@@ -64,15 +108,6 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse):
     if heads_q % heads_k:
         raise ValueError(f"the number of query heads ({heads_q}) must be a multiple of the number "
                          f"of key/value heads ({heads_k})")
-    if softmax_scale is not None:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
-                or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-            raise ValueError(f"softmax_scale must be a positive finite number or None, "
-                             f"got {softmax_scale!r}")
-    if causal is not True and causal is not False:
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if return_lse is not True and return_lse is not False:
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     named = (("q", q), ("k", k), ("v", v))
     if out is not None:
         _check_tensor("out", out)
@@ -86,10 +121,10 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse):
     device_index = q.get_device()
     for name, t in named:
         _check_device(name, t, device_index)
-    return device_index
+    return device_index, causal, softmax_scale, return_lse
 
 
-def _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse) -> bool:
+def _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse, backend) -> bool:
     """A fast yes for the common valid call; anything else goes through `_check_args`,
     which accepts the same calls and names the problem in the others."""
     T = torch.Tensor
@@ -100,6 +135,8 @@ def _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse) -> bool:
         return False
     if softmax_scale is not None and not (type(softmax_scale) is float
                                           and 0.0 < softmax_scale < math.inf):
+        return False
+    if backend not in BACKENDS:
         return False
     dtype = q.dtype
     if dtype not in _DTYPES or k.dtype != dtype or v.dtype != dtype:
@@ -137,7 +174,7 @@ def _arch(device_index: int) -> str:
         if major < 8:
             raise RuntimeError(f"cute_fa needs an sm80 or newer GPU, cuda:{device_index} is "
                                f"sm{major}{minor}")
-        arch = _ARCH[device_index] = f"sm_{major}{minor}{'a' if major in (9, 10, 12) else ''}"
+        arch = _ARCH[device_index] = arch_of_capability(major, minor)
     return arch
 
 
@@ -166,11 +203,12 @@ def _kernel_for(device_index: int, dtype, head_dim: int, causal: bool, backend: 
 
 
 def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse, backend,
-         lazy_rescale=True):
-    if _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse):
+         lazy_rescale=True, names=_FORWARD_NAMES):
+    if _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse, backend):
         device_index = q.get_device()
     else:
-        device_index = _check_args(q, k, v, out, softmax_scale, causal, return_lse)
+        device_index, causal, softmax_scale, return_lse = _check_args(
+            q, k, v, out, softmax_scale, causal, return_lse, backend, names)
     batch, seqlen_q, heads_q, head_dim = q.shape
     causal_offset = k.shape[1] - seqlen_q if bottom_right else 0
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
@@ -195,8 +233,23 @@ def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse, backe
     return (out, lse) if return_lse else out
 
 
-def forward(q, k, v, causal=False, softmax_scale=None, return_lse=False, out=None,
-            backend="auto"):
+@overload
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ...,
+            softmax_scale: float | None = ..., return_lse: Literal[False] = ...,
+            out: torch.Tensor | None = ..., backend: Backend = ...) -> torch.Tensor: ...
+
+
+@overload
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ...,
+            softmax_scale: float | None = ..., *, return_lse: Literal[True],
+            out: torch.Tensor | None = ...,
+            backend: Backend = ...) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+            softmax_scale: float | None = None, return_lse: bool = False,
+            out: torch.Tensor | None = None,
+            backend: Backend = "auto") -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward in flash-attn's layout.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim),
@@ -211,7 +264,8 @@ def forward(q, k, v, causal=False, softmax_scale=None, return_lse=False, out=Non
                 return_lse=return_lse, backend=backend)
 
 
-def sdpa(q, k, v, is_causal=False, scale=None, backend="auto"):
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+         scale: float | None = None, backend: Backend = "auto") -> torch.Tensor:
     """Like torch.nn.functional.scaled_dot_product_attention on (batch, heads, seqlen, head_dim).
 
     Top-left causal, as torch does; same kernel as `forward`, reached through strides.
@@ -225,5 +279,5 @@ def sdpa(q, k, v, is_causal=False, scale=None, backend="auto"):
     out = torch.empty_like(q)
     _run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=is_causal,
          bottom_right=False, softmax_scale=scale, out=out.transpose(1, 2), return_lse=False,
-         backend=backend)
+         backend=backend, names=_SDPA_NAMES)
     return out

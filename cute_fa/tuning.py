@@ -45,6 +45,31 @@ TILES = dict(TMA_TILES)  # the sm80 kernel's
 TILES[128, False] = TILES[128, True] = [(128, 128, 256), (64, 64, 128)]
 
 
+# The archs cute_fa compiles for, in the spelling the GPU at hand gets (`arch_of_capability`):
+# 'a' marks the arch-specific targets of sm90 and newer, which the DSL compiles for.
+ARCHS = tuple(a for a in SMEM_BYTES if a[-1] == "a" or f"{a}a" not in SMEM_BYTES)
+
+
+def arch_of_capability(major: int, minor: int) -> str:
+    """The arch string of a GPU of compute capability (major, minor), e.g. (9, 0) -> 'sm_90a'."""
+    return f"sm_{major}{minor}{'a' if major in (9, 10, 12) else ''}"
+
+
+def normalize_arch(arch) -> str:
+    """'sm_90a' for 'sm_90a', 'sm_90', 'sm90' or 'SM90': the spelling `forward` looks kernels up
+    by on that GPU. Anything else raises, naming the supported archs."""
+    if not isinstance(arch, str):
+        raise TypeError(f"arch must be a str such as 'sm_90a', got {type(arch).__name__}")
+    text = arch.strip().lower().replace("sm_", "sm", 1)
+    digits = text[2:].rstrip("a")
+    if text.startswith("sm") and digits.isdigit() and len(digits) >= 2:
+        canonical = arch_of_capability(int(digits[:-1]), int(digits[-1]))
+        if canonical in ARCHS and (canonical.endswith("a") or not text.endswith("a")):
+            return canonical
+    raise ValueError(f"arch must be one of {', '.join(ARCHS)} (or the same without '_' or 'a'), "
+                     f"got {arch!r}")
+
+
 def head_dim_class(head_dim: int) -> int:
     for limit in (64, 128, 192, 256):
         if head_dim <= limit:

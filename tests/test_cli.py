@@ -24,7 +24,8 @@ def test_layouts_other_thread_and_config():
     assert out.returncode == 0, out.stderr
     # 8 warps of 16 rows each; thread 37 = warp 1, lane 5 = quad 1: rows 16+1 and 16+9,
     # keys 2a, 2a+1 (+8j) with a = 1; partners lane 5^2 = 7 and 5^1 = 4
-    assert "thread 37 (warp 1, lane 5) holds query 17 and 25, keys 2,3,10,11," in out.stdout
+    assert "thread 37 (warp 1, lane 5) holds query 17 and 25, keys 2..3, 10..11, …, 58..59 " \
+        "(every 8)," in out.stdout
     assert "talks to lanes 7 and 4" in out.stdout
 
 
@@ -45,3 +46,76 @@ def test_default_command_prints_tour_without_gpu():
     assert "no CUDA GPU here" in out.stdout
     assert "warp 3: threads 96..127, queries 48..63" in out.stdout
     assert "(1,0): row-major    64 -> swizzled 72" in out.stdout
+
+
+def _no_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the machine without a GPU")
+
+
+@pytest.mark.parametrize("command", ["demo", "bench", "probe"])
+def test_gpu_commands_refuse_cleanly_without_gpu(command, tmp_path):
+    _no_gpu()
+    out_dir = tmp_path / "bench-out"
+    out = run(command, *(["--out", str(out_dir)] if command == "bench" else []))
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert f"error: {command} needs a CUDA GPU" in out.stderr
+    assert "torch.cuda.is_available() is False" in out.stderr
+    assert not out_dir.exists()  # bench wrote nothing
+
+
+def test_precompile_without_gpu_names_the_flag():
+    _no_gpu()
+    out = run("precompile", "--head-dims", "64,128")  # the README's own command
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "precompile needs --arch (e.g. --arch sm_90a)" in out.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["precompile", "--head-dims", "60"], "--head-dims: each head_dim must be a multiple of 8"),
+    (["precompile", "--head-dims", "0", "--arch", "sm_90a"], "each head_dim must be a multiple"),
+    (["precompile", "--head-dims", "6x4"], "--head-dims must be comma-separated head dims"),
+    (["precompile", "--dtypes", "float32", "--arch", "sm_90a"], "dtypes must name float16 or "
+                                                                 "bfloat16, got 'float32'"),
+    (["precompile", "--arch", "sm_70"], "arch must be one of sm_80, sm_86"),
+    (["precompile", "--arch", "foo"], "arch must be one of"),
+    (["precompile", "--arch", "90"], "got '90'"),
+    (["probe", "--head-dim", "60"], "head_dim must be a multiple of 8"),
+    (["demo", "--seqlen", "0"], "--seqlen must be at least 1"),
+])
+def test_bad_values_are_refused_by_name(args, message):
+    out = run(*args)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert message in out.stderr
+    assert "no tile configuration" not in out.stderr
+
+
+def test_help_shows_defaults():
+    out = run("precompile", "--help")
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    assert "--head-dims HEAD_DIMS comma-separated head dims" in text
+    assert "(default: 64,128)" in text and "(default: auto)" in text
+    assert "required without one" in text
+    for command in ("tour", "layouts", "demo", "probe", "bench"):
+        help_text = run(command, "--help").stdout
+        assert "(default:" in help_text, command
+
+
+def test_console_script():
+    import shutil
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "cute-fa"
+    script = str(script) if script.exists() else shutil.which("cute-fa")
+    assert script, "the cute-fa console script is not installed (pip install -e .)"
+    out = subprocess.run([script, "layouts", "--tid", "1"], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("thread 1 (warp 0, lane 1)")
+    assert "usage: cute-fa" in subprocess.run([script, "--help"], capture_output=True,
+                                              text=True, timeout=600).stdout

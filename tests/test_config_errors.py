@@ -9,7 +9,6 @@ from cute_fa.layouts import FlashLayouts, TileConfig
     (dict(head_dim=60), "head_dim"),
     (dict(head_dim=264), "head_dim"),
     (dict(head_dim=0), "head_dim"),
-    (dict(head_dim=64.0), "head_dim"),
     (dict(num_threads=100), "num_threads"),
     (dict(num_threads=0), "num_threads"),
     (dict(block_m=48), "block_m"),            # not a multiple of 16 * 4 warps
@@ -24,6 +23,13 @@ def test_invalid_config(kwargs, name):
         TileConfig(**kwargs)
     with pytest.raises(ValueError, match=name):
         FlashLayouts(**kwargs)
+
+
+def test_non_int_is_a_type_error():
+    with pytest.raises(TypeError, match="head_dim must be an int, got 64.0"):
+        TileConfig(head_dim=64.0)
+    with pytest.raises(TypeError, match="block_m must be an int"):
+        FlashLayouts(block_m="64")
 
 
 def test_torch_dtypes_accepted():

@@ -38,7 +38,7 @@ def test_bad_shapes_and_strides(mutate, match):
     from cute_fa.interface import _plainly_valid
 
     args = mutate(*qkv())
-    assert not _plainly_valid(*args, None, None, False, False)  # the fast path never waves it on
+    assert not _plainly_valid(*args, None, None, False, False, "auto")  # the fast path never waves it on
     with pytest.raises(ValueError, match=match):
         cute_fa.forward(*args)
 
@@ -77,3 +77,49 @@ def test_cpu_tensors_and_no_gpu():
     assert (out == 3.0).all()
     with pytest.raises(ValueError, match="must be on a CUDA device"):
         cute_fa.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+
+
+def test_argument_types_and_names():
+    import numpy as np
+
+    q, k, v = qkv()
+    out = torch.full_like(q, 3.0)
+    # numpy's bool passes the flag checks (the call then stops at the device check, on a CPU
+    # tensor), and a wrong type names its module
+    for flag in ("causal", "return_lse"):
+        with pytest.raises(ValueError, match="q must be on a CUDA device"):
+            cute_fa.forward(q, k, v, out=out, **{flag: np.bool_(True)})
+    with pytest.raises(TypeError, match="causal must be a bool, got numpy.int64"):
+        cute_fa.forward(q, k, v, causal=np.int64(1))
+    with pytest.raises(TypeError, match="softmax_scale must be a positive finite float or None, "
+                                        "got str 'a'"):
+        cute_fa.forward(q, k, v, softmax_scale="a", out=out)
+    with pytest.raises(TypeError, match="softmax_scale"):
+        cute_fa.forward(q, k, v, softmax_scale=True)
+    with pytest.raises(ValueError, match="q must be on a CUDA device"):  # numpy floats are numbers
+        cute_fa.forward(q, k, v, softmax_scale=np.float32(0.1))
+    # sdpa names its own arguments
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    with pytest.raises(TypeError, match="^is_causal must be a bool, got NoneType"):
+        cute_fa.sdpa(qt, kt, vt, is_causal=None)
+    with pytest.raises(TypeError, match="^scale must be"):
+        cute_fa.sdpa(qt, kt, vt, scale="x")
+    with pytest.raises(ValueError, match="^scale must be"):
+        cute_fa.sdpa(qt, kt, vt, scale=-2.0)
+    assert (out == 3.0).all()
+
+
+def test_backend_checked_before_device():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="backend must be one of 'sm80', 'tma', 'auto', got 'foo'"):
+        cute_fa.forward(q, k, v, backend="foo")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        cute_fa.sdpa(q, k, v, backend=None)
+
+
+def test_device_error_says_no_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("checks the message on a machine without a GPU")
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"torch sees no CUDA GPU here"):
+        cute_fa.forward(q, k, v)

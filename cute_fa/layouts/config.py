@@ -33,8 +33,18 @@ def canonical_dtype(dtype) -> str:
 
 def _require_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
+        raise TypeError(f"{name} must be an int, got {value!r}")
     return value
+
+
+def check_head_dim(name: str, value) -> int:
+    """A head_dim the kernels take: an int, a multiple of 8 in [8, 256]. `name` is the
+    argument the value came from, for the message."""
+    d = _require_int(name, value)
+    if d <= 0 or d % 8 or d > MAX_HEAD_DIM:
+        what = f"{name}: each head_dim" if name.endswith("s") else name
+        raise ValueError(f"{what} must be a multiple of 8 in [8, {MAX_HEAD_DIM}], got {d}")
+    return d
 
 
 @dataclass(frozen=True)
@@ -56,11 +66,7 @@ class TileConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
-        d = _require_int("head_dim", self.head_dim)
-        if d <= 0 or d % 8 or d > MAX_HEAD_DIM:
-            raise ValueError(
-                f"head_dim must be a multiple of 8 in [8, {MAX_HEAD_DIM}], got {d}"
-            )
+        check_head_dim("head_dim", self.head_dim)
         nt = _require_int("num_threads", self.num_threads)
         if nt <= 0 or nt % WARP_SIZE or nt > 1024:
             raise ValueError(

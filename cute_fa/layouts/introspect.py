@@ -139,11 +139,27 @@ def _tables_for(cfg: TileConfig) -> dict:
 _OPS = {"max": max, "sum": operator.add}
 
 
-def _fmt_list(values, limit=None) -> str:
-    values = [int(v) for v in values]
-    if limit is not None and len(values) > limit:
-        return ",".join(map(str, values[:limit])) + ",…," + ",".join(map(str, values[-2:]))
-    return ",".join(map(str, values))
+def fmt_ranges(values) -> str:
+    """A set of ints, exactly, in few characters: runs of consecutive values as 'a..b', and
+    a regular pattern of more than four equal runs as 'first, second, …, last (every P)'.
+    {0..7} | {64..71} -> '0..7, 64..71'; {0,1,8,9,...,56,57} -> '0..1, 8..9, …, 56..57 (every 8)'.
+    """
+    values = sorted({int(v) for v in values})
+    if not values:
+        return "none"
+    runs = [[values[0], values[0]]]
+    for v in values[1:]:
+        if v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    text = [f"{a}..{b}" if b > a else str(a) for a, b in runs]
+    if len(runs) > 4:
+        lengths = {b - a for a, b in runs}
+        steps = {runs[i + 1][0] - runs[i][0] for i in range(len(runs) - 1)}
+        if len(lengths) == 1 and len(steps) == 1:
+            return f"{text[0]}, {text[1]}, …, {text[-1]} (every {steps.pop()})"
+    return ", ".join(text)
 
 
 class FlashLayouts:
@@ -387,27 +403,33 @@ class FlashLayouts:
         partners = [t % WARP_SIZE for t in self.quad_partners(tid)]
         o_dims = sorted({d for _, d in self.o_coords(tid) if d < self.config.head_dim})
         copy = self.copy_coords(tid)
-        copy_rows = sorted({r for r, _ in copy})
-        copy_cols = sorted({c for _, c in copy})
         warp, lane = divmod(tid, WARP_SIZE)
         lines = [
             f"thread {tid} (warp {warp}, lane {lane}) holds query {_join_and(queries)}, "
-            f"keys {_fmt_list(keys)}, talks to lanes {_join_and(partners)}",
+            f"keys {fmt_ranges(keys)}, talks to lanes {_join_and(partners)}",
             f"  Q@K^T  A (Q):  {len(self.q_coords(tid))} values, queries {_join_and(queries)} x "
-            f"d {_fmt_list(sorted({d for _, d in self.q_coords(tid)}), 8)}",
+            f"d {fmt_ranges(d for _, d in self.q_coords(tid))}",
             f"  Q@K^T  B (K):  {len(self.k_coords(tid))} values, keys "
-            f"{_fmt_list(sorted({k for k, _ in self.k_coords(tid)}), 8)}",
+            f"{fmt_ranges(k for k, _ in self.k_coords(tid))} x "
+            f"d {fmt_ranges(d for _, d in self.k_coords(tid))}",
             f"  S accumulator: {len(self.s_coords(tid))} floats, first slots "
             + " ".join(str(p) for p in self.s_coords(tid)[:4]),
             f"  P@V    B (V):  {len(self.v_coords(tid))} values, keys "
-            f"{_fmt_list(sorted({k for k, _ in self.v_coords(tid)}), 8)}",
+            f"{fmt_ranges(k for k, _ in self.v_coords(tid))} x "
+            f"d {fmt_ranges(d for _, d in self.v_coords(tid))}",
             f"  O accumulator: {len(self.o_coords(tid))} floats, queries {_join_and(queries)} x "
-            f"d {_fmt_list(o_dims, 8)}",
+            f"d {fmt_ranges(o_dims)}",
             f"  row max/sum:   shuffles XOR {_join_and(self.reduce_offsets)} "
             f"with lanes {_join_and(partners)} (threads {self.reduce_group(tid)})",
-            f"  cp.async:      rows {_fmt_list(copy_rows)}, cols {copy_cols[0]}..{copy_cols[-1]} "
-            f"of every Q/K/V tile ({len(copy)} elements)",
         ]
+        if copy:
+            lines.append(f"  cp.async:      rows {fmt_ranges(r for r, _ in copy)}, "
+                         f"cols {fmt_ranges(c for _, c in copy)} of every Q/K/V tile "
+                         f"({len(copy)} elements)")
+        else:  # every chunk of this thread lies in the padding past head_dim
+            padded = self._pairs("copy_Q", tid)
+            lines.append(f"  cp.async:      nothing: its cols {fmt_ranges(c for _, c in padded)} "
+                         f"lie past head_dim {self.config.head_dim}, so it zero-fills them")
         return "\n".join(lines)
 
 

@@ -1,0 +1,101 @@
+"""Compile a chosen set of kernels up front (into memory and the on-disk cache).
+
+`cute_fa.precompile(head_dims=(64, 128))` or, at import time,
+CUTE_FA_PRECOMPILE="64,128" (both dtypes, causal and not, for the local GPU). The module's
+name is private so that importing it does not replace the function `cute_fa.precompile`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import warnings
+from collections.abc import Iterable
+
+from .compiler import KernelKey, get_kernel, wait_for_saves
+from .layouts.config import canonical_dtype, check_head_dim
+from .tuning import BACKENDS, kernel_key, normalize_arch
+
+
+def _as_tuple(name: str, value, single: tuple, what: str) -> tuple:
+    """A single value (an instance of `single`) or an iterable of values, as a tuple."""
+    if isinstance(value, single):
+        return (value,)
+    if isinstance(value, Iterable) and not isinstance(value, (str, bytes)):
+        values = tuple(value)
+        if not values:
+            raise ValueError(f"{name} must not be empty")
+        return values
+    raise TypeError(f"{name} must be {what} or a sequence of them, got {value!r}")
+
+
+def _dtype_name(value) -> str:
+    try:
+        return canonical_dtype(value)
+    except ValueError:
+        raise ValueError(f"dtypes must name float16 or bfloat16, got {value!r}") from None
+
+
+def precompile(head_dims: int | Iterable[int] = (64, 128),
+               dtypes: str | Iterable[str] = ("bfloat16", "float16"),
+               causal: bool | Iterable[bool] = (False, True),
+               arch: str | None = None, backend: str = "auto") -> list[KernelKey]:
+    """Compile every (head_dim, dtype, causal) combination for `arch` (default: this GPU's,
+    e.g. 'sm_90a'; needed where there is no GPU) and `backend` ('auto' compiles what
+    `forward` would pick). Each of head_dims, dtypes and causal is one value or a sequence;
+    dtypes are names ('bfloat16', 'fp16', ...) or torch dtypes. Every argument is checked
+    before anything compiles. Returns the kernel keys."""
+    import torch
+
+    head_dims = tuple(check_head_dim("head_dims", h)
+                      for h in _as_tuple("head_dims", head_dims, (int,), "an int"))
+    dtypes = tuple(_dtype_name(d) for d in _as_tuple("dtypes", dtypes, (str, torch.dtype),
+                                                         "a dtype"))
+    causal = _as_tuple("causal", causal, (bool,), "a bool")
+    for c in causal:
+        if not isinstance(c, bool):
+            raise TypeError(f"causal must be a bool or a sequence of bools, got {c!r}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, "
+                         f"got {backend!r}")
+    if arch is None:
+        from .interface import _arch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("precompile needs arch= (e.g. arch='sm_90a') when no CUDA GPU "
+                               "is visible; torch.cuda.is_available() is False here")
+        arch = _arch(torch.cuda.current_device())
+    else:
+        arch = normalize_arch(arch)
+    keys = [kernel_key(arch, dtype, head_dim, is_causal, backend)
+            for head_dim, dtype, is_causal in itertools.product(head_dims, dtypes, causal)]
+    for key in keys:
+        get_kernel(key)
+    wait_for_saves()
+    return keys
+
+
+def parse_head_dims(spec: str, source: str) -> tuple[int, ...]:
+    """'64,128' -> (64, 128); `source` names where the text came from in the error."""
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ValueError(f"{source} must be comma-separated head dims such as '64,128', "
+                         f"got {spec!r}")
+    return tuple(check_head_dim(source, int(p)) for p in parts)
+
+
+def precompile_from_env() -> None:
+    """CUTE_FA_PRECOMPILE at import: a malformed value raises; with no GPU to compile for,
+    a warning says that nothing was compiled (the import itself goes on)."""
+    spec = os.environ.get("CUTE_FA_PRECOMPILE", "").strip()
+    if not spec:
+        return
+    head_dims = parse_head_dims(spec, "CUTE_FA_PRECOMPILE")
+    import torch
+
+    if not torch.cuda.is_available():
+        warnings.warn("CUTE_FA_PRECOMPILE is set but no CUDA GPU is visible: nothing compiled "
+                      "(cute_fa.precompile(..., arch='sm_90a') compiles for a named GPU)",
+                      RuntimeWarning, stacklevel=2)
+        return
+    precompile(head_dims=head_dims)
