@@ -13,7 +13,7 @@ from typing import Literal, overload
 import torch
 
 from .compiler import get_kernel
-from .tuning import BACKENDS, arch_of_capability, kernel_key
+from .tuning import BACKENDS, arch_of_capability, forced_tile_arch, kernel_key
 
 Backend = Literal["auto", "sm80", "tma"]
 
@@ -187,17 +187,19 @@ def _single_gpu() -> bool:
     return _GPU_COUNT[0] == 1
 
 
-_DISPATCH: dict = {}  # (device index, dtype, head_dim, causal, backend, lazy) -> compiled kernel
+# (device index, dtype, head_dim, causal, backend, lazy, forced tile arch) -> compiled kernel
+_DISPATCH: dict = {}
 _NO_LSE: dict = {}  # device index -> placeholder LSE tensor (the kernel does not write it)
 
 
 def _kernel_for(device_index: int, dtype, head_dim: int, causal: bool, backend: str,
                 lazy_rescale: bool = True):
-    slot = (device_index, dtype, head_dim, causal, backend, lazy_rescale)
+    tile_arch = forced_tile_arch()
+    slot = (device_index, dtype, head_dim, causal, backend, lazy_rescale, tile_arch)
     kernel = _DISPATCH.get(slot)
     if kernel is None:
         key = kernel_key(_arch(device_index), _DTYPE_NAMES[dtype], head_dim, causal, backend,
-                         lazy_rescale)
+                         lazy_rescale, tile_arch)
         kernel = _DISPATCH[slot] = get_kernel(key)
     return kernel
 

@@ -1,8 +1,8 @@
 """Float64 reference attention for one head, on the CPU (numpy).
 
 `attention` computes softmax(scale * Q K^T) V directly. `flash_forward_tiles`
-emulates FlashAttention-2 Algorithm 1 tile by tile, keeping the walkthrough's
-convention: m is the running max of the *raw* scores (before the scale), and
+emulates FlashAttention-2 Algorithm 1 tile by tile, keeping the convention of
+docs/walkthrough.md §1: m is the running max of the *raw* scores (before the scale), and
 exp(scale * (S - m)) is evaluated as exp2(scale * log2(e) * (S - m)), the form
 the kernels use.
 """

@@ -13,6 +13,8 @@ registers, no spills on sm_80, sm_90a or sm_120a). The TMA kernel keeps 128x64 w
 
 from __future__ import annotations
 
+import contextlib
+
 from .layouts import TileConfig
 from .layouts.tma import max_kv_stages
 
@@ -111,8 +113,13 @@ def resolve_backend(arch: str, backend: str, head_dim: int, causal: bool) -> str
 
 
 def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str = "auto",
-               lazy_rescale: bool = True):
+               lazy_rescale: bool = True, tile_arch: str | None = None):
     """The KernelKey `forward` compiles and launches for this problem.
+
+    tile_arch (default: `arch`, or the one `tiles_of` forces) is the arch whose tables choose
+    the tile, K/V stages, register cap and 'auto' backend, while the kernel is compiled for
+    `arch`: run on an H200, sm_120a's tables give exactly the kernel an sm120 GPU gets, but
+    for its target instruction set.
 
     The TMA kernel's lazy rescale is on by default. On the H200 it is worth nothing
     measurable (0.92x-1.10x, within run-to-run noise; docs/perf/README.md), but at head_dim
@@ -122,19 +129,43 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     """
     from .compiler import KernelKey
 
-    backend = resolve_backend(arch, backend, head_dim, causal)
-    cfg = tile_config(arch, dtype, head_dim, causal, backend)
-    cap = REGISTER_CAP_CTAS.get((arch, backend, head_dim_class(head_dim), causal), 0)
+    tiles = tile_arch or _forced_tile_arch[0] or arch
+    backend = resolve_backend(tiles, backend, head_dim, causal)
+    if backend == "tma" and not tma_supported(arch):
+        raise ValueError(f"backend='tma' needs an sm90 or newer GPU (TMA); this one is {arch}")
+    cfg = tile_config(tiles, dtype, head_dim, causal, backend)
+    cap = REGISTER_CAP_CTAS.get((tiles, backend, head_dim_class(head_dim), causal), 0)
     if backend == "sm80":
         return KernelKey(arch, causal, cfg, ctas_per_sm=cap)
-    tile = TMA_TILE_EXCEPTIONS.get((arch.rstrip("a"), cfg.head_dim_padded))
+    tile = TMA_TILE_EXCEPTIONS.get((tiles.rstrip("a"), cfg.head_dim_padded))
     if tile is not None:
         cfg = TileConfig(head_dim=head_dim, block_m=tile[0], block_n=tile[1],
                          num_threads=tile[2], dtype=dtype)
     ctas = TMA_CTAS_PER_SM.get(head_dim_class(head_dim), 2)
-    stages = max_kv_stages(cfg, SMEM_BYTES.get(arch, 99 * 1024), ctas_per_sm=ctas)
+    stages = max_kv_stages(cfg, SMEM_BYTES.get(tiles, 99 * 1024), ctas_per_sm=ctas)
     return KernelKey(arch, causal, cfg, backend="tma", kv_stages=stages,
                      lazy_rescale=bool(lazy_rescale), ctas_per_sm=cap)
+
+
+_forced_tile_arch: list = [None]
+
+
+@contextlib.contextmanager
+def tiles_of(arch: str | None):
+    """Within the block, `forward` and `sdpa` choose tiles, stages and backends from `arch`'s
+    tables (e.g. 'sm_120a', 'sm_86') instead of the GPU's own: the way to run, on the GPU at
+    hand, what a GPU of that arch runs. None restores the GPU's own tables."""
+    previous = _forced_tile_arch[0]
+    _forced_tile_arch[0] = None if arch is None else normalize_arch(arch)
+    try:
+        yield _forced_tile_arch[0]
+    finally:
+        _forced_tile_arch[0] = previous
+
+
+def forced_tile_arch() -> str | None:
+    """The arch `tiles_of` forces now, or None."""
+    return _forced_tile_arch[0]
 
 
 # Tiles of the TMA kernel where they differ from TMA_TILES, by (arch, padded head_dim): on

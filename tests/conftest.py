@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def walkthrough():
-    """The walkthrough's configuration: fp16, d=64, 64x64 tile, 4 warps."""
+    """The configuration of docs/walkthrough.md §3: fp16, d=64, 64x64 tile, 4 warps."""
     from cute_fa.layouts import FlashLayouts
 
     return FlashLayouts(head_dim=64, block_m=64, block_n=64, num_threads=128, dtype="float16")

@@ -32,3 +32,42 @@ SHAPES = [
 KERNELS = sorted({(s[5], s[7], s[6]) for s in SHAPES} | {(64, "bfloat16", False),
                   (64, "float16", False), (64, "float16", True), (128, "bfloat16", True),
                   (128, "bfloat16", False)})
+
+# (tile arch, backend) pairs of the other archs' tables the grid also runs (test_forward_gpu)
+OTHER_ARCH_TILES = [("sm_120a", "sm80"), ("sm_120a", "tma"), ("sm_86", "sm80")]
+
+
+def kernel_keys(arch: str = "sm_90a") -> list:
+    """Every KernelKey the GPU tests launch on a GPU of `arch`: both backends on the arch's
+    own tables, the eager TMA kernels of the rescale test, and the other archs' tables."""
+    from cute_fa.tuning import kernel_key
+
+    keys = set()
+    for head_dim, dtype, causal in KERNELS:
+        for backend in ("sm80", "tma"):
+            keys.add(kernel_key(arch, dtype, head_dim, causal, backend))
+        for tile_arch, backend in OTHER_ARCH_TILES:
+            keys.add(kernel_key(arch, dtype, head_dim, causal, backend, tile_arch=tile_arch))
+    for causal in (False, True):
+        keys.add(kernel_key(arch, "bfloat16", 128, causal, "tma", lazy_rescale=False))
+    return sorted(keys, key=repr)
+
+
+if __name__ == "__main__":
+    # python tests/gpu_grid.py [ARCH] [WORKERS]: compile the GPU tests' kernels into the disk
+    # cache ($CUTE_FA_CACHE_DIR) ahead of a GPU run, on a machine without a GPU
+    import sys
+    from concurrent.futures import ProcessPoolExecutor
+
+    from cute_fa.compiler import get_kernel, wait_for_saves
+
+    def _compile(key):
+        get_kernel(key)
+        wait_for_saves()
+        return key
+
+    arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90a"
+    keys = kernel_keys(arch)
+    with ProcessPoolExecutor(int(sys.argv[2]) if len(sys.argv) > 2 else 2) as pool:
+        for i, key in enumerate(pool.map(_compile, keys)):
+            print(f"{i + 1}/{len(keys)} {key.backend} {key.tile}", flush=True)

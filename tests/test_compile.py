@@ -18,7 +18,7 @@ def compile_probe():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_probe_compiles_for_each_arch(compile_probe, arch):
-    cfg = TileConfig()  # the walkthrough's: fp16, d=64, 64x64, 4 warps
+    cfg = TileConfig()  # docs/walkthrough.md §3: fp16, d=64, 64x64, 4 warps
     compiled = compile_probe(cfg, arch)
     ptx = compiled.__ptx__
     assert compiled.__cubin__, "no cubin produced"

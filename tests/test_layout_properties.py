@@ -1,4 +1,5 @@
-"""Properties of the layouts beyond the walkthrough's configuration, from first principles."""
+"""Properties of the layouts beyond the configuration of docs/walkthrough.md, from first
+principles."""
 
 from collections import Counter
 

@@ -1,4 +1,5 @@
-"""cute_fa.reference against the walkthrough's hand example and against itself at random."""
+"""cute_fa.reference against the hand example of docs/walkthrough.md §2, and against itself
+at random."""
 
 import math
 from fractions import Fraction as F
@@ -8,7 +9,7 @@ import pytest
 
 from cute_fa.reference import attention, flash_forward_tiles
 
-# Figures 1-3 of the walkthrough
+# the inputs of docs/walkthrough.md §2
 Q = [[1, 0], [0, 1]]
 K = [[0, 1], [1, 0], [2, 1], [0, 2]]
 V = [[1, 0], [0, 1], [1, 1], [2, 0]]
@@ -22,22 +23,22 @@ def fr(rows):
 def test_hand_example_two_rounds_exact():
     o, lse, states = flash_forward_tiles(Q, K, V, scale=S_HALF, block_n=2)
     assert len(states) == 2
-    # figure 4 (scores) is Q K^T; the rounds see its left and right halves
+    # the scores of docs/walkthrough.md §2 are Q K^T; the rounds see its left and right halves
     np.testing.assert_array_equal(np.array(Q) @ np.array(K).T, [[0, 1, 2, 0], [1, 0, 1, 2]])
-    # round 1: m = 1, figure 5 weights, l = 3/2, figure 6 numerator
+    # round 1 of the §2 rounds table: m = 1, the weights, l = 3/2, the numerator
     np.testing.assert_array_equal(states[0]["m"], [1, 1])
     np.testing.assert_array_equal(states[0]["p"], fr([["1/2", 1], [1, "1/2"]]))
     np.testing.assert_array_equal(states[0]["l"], [1.5, 1.5])
     np.testing.assert_array_equal(states[0]["o"], fr([["1/2", 1], [1, "1/2"]]))
-    # round 2: alpha = 1/2, figure 7 weights, l = (2, 9/4), figure 9 numerator
+    # round 2 of the §2 rounds table: alpha = 1/2, the weights, l = (2, 9/4), the numerator
     np.testing.assert_array_equal(states[1]["alpha"], [0.5, 0.5])
     np.testing.assert_array_equal(states[1]["m"], [2, 2])
     np.testing.assert_array_equal(states[1]["p"], fr([[1, "1/4"], ["1/2", 1]]))
     np.testing.assert_array_equal(states[1]["l"], [2, 2.25])
     np.testing.assert_array_equal(states[1]["o"], fr([["7/4", "3/2"], [3, "3/4"]]))
-    # figure 8 is the round-2 increment: O2 - alpha*O1
+    # the P~ V_j column of round 2 (§2) is the increment O2 - alpha*O1
     np.testing.assert_array_equal(states[1]["o"] - 0.5 * states[0]["o"], fr([["3/2", 1], ["5/2", "1/2"]]))
-    # figure 10: final output, LSE = ln 8 and ln 9
+    # the final output of §2 and the LSE of §10: ln 8 and ln 9
     np.testing.assert_array_equal(o, fr([["7/8", "3/4"], ["4/3", "1/3"]]))
     np.testing.assert_allclose(lse, [math.log(8), math.log(9)], rtol=0, atol=1e-15)
 
@@ -48,8 +49,8 @@ def test_hand_example_direct_attention():
     np.testing.assert_allclose(lse, [math.log(8), math.log(9)], rtol=1e-15)
 
 
-def test_hand_example_causal_figure12():
-    # top-left causal: query 0 sees key 0, query 1 sees keys 0,1 (scores 1, 0)
+def test_hand_example_causal():
+    # docs/walkthrough.md §8, top-left causal: query 0 sees key 0, query 1 sees keys 0,1 (scores 1, 0)
     o, lse = attention(Q, K, V, scale=S_HALF, causal=True)
     np.testing.assert_allclose(o, [[1, 0], [2 / 3, 1 / 3]], rtol=1e-15)
     np.testing.assert_allclose(lse, [0.0, math.log(3)], rtol=1e-15, atol=1e-15)

@@ -1,6 +1,6 @@
-"""The walkthrough's tables (../shared/seeds/002_*), reproduced from the live layouts.
+"""The layout facts of docs/walkthrough.md, checked on the live layouts.
 
-Expected values are typed in from the walkthrough's tables and formulas, never
+Expected values are typed in from the formulas and tables of that document, never
 produced by the code under test. Notation: w = tid/32, lane = tid%32,
 g = lane/4, a = lane%4.
 """
@@ -15,11 +15,11 @@ def wga(tid):
     return tid // 32, lane // 4, lane % 4
 
 
-# ---- table 2: the four warps split the 64 query rows -----------------------------------
+# ---- §3: the four warps split the 64 query rows -----------------------------------------
 
 @pytest.mark.parametrize("warp, rows", [(0, range(0, 16)), (1, range(16, 32)),
                                         (2, range(32, 48)), (3, range(48, 64))])
-def test_table2_warp_rows(walkthrough, warp, rows):
+def test_warp_rows(walkthrough, warp, rows):
     tids = range(32 * warp, 32 * warp + 32)
     s = {c for t in tids for c in walkthrough.s_coords(t)}
     o = {c for t in tids for c in walkthrough.o_coords(t)}
@@ -29,7 +29,7 @@ def test_table2_warp_rows(walkthrough, warp, rows):
     assert {d for _, d in o} == set(range(64))  # every output dim
 
 
-# ---- MMA lane coordinates (the walkthrough's formulas) ----------------------------------
+# ---- MMA lane coordinates (the formulas of docs/walkthrough.md §7) -----------------------
 
 @pytest.mark.parametrize("tid", THREADS)
 def test_mma_a_operand_q(walkthrough, tid):
@@ -89,14 +89,14 @@ def test_pv_operands(walkthrough, tid):
 
 
 def test_p_segments_of_lane0(walkthrough):
-    # "第 0 段 key：0、1、8、9 ... 第 3 段 key：48、49、56、57"
+    # k-step h of P@V: lane 0 holds keys 16h + {0, 1, 8, 9} (docs/walkthrough.md §7)
     p = walkthrough.p_coords(0)
     segments = [sorted({k for _, k in p[8 * h: 8 * h + 8]}) for h in range(4)]
     assert segments == [[0, 1, 8, 9], [16, 17, 24, 25], [32, 33, 40, 41], [48, 49, 56, 57]]
     assert {q for q, _ in p} == {0, 8}
 
 
-# ---- accumulator row view ------------------------------------------------------------
+# ---- §8: accumulator row view ---------------------------------------------------------
 
 def test_rowcol_view(walkthrough):
     assert walkthrough.s_rowcol_layout == (((2, 1), (2, 8)), ((2, 0), (1, 4)))
@@ -107,9 +107,9 @@ def test_rowcol_view(walkthrough):
     assert rows[0][1][2] == 8 and walkthrough.s_rowcol(1)[0][1][2] == 10  # ni=2 -> key 8 / key 10
 
 
-# ---- table 4: causal keep on the diagonal block ------------------------------------------
+# ---- §8: causal keep on the diagonal block -----------------------------------------------
 
-def test_table4_causal_keep(walkthrough):
+def test_causal_keep_diagonal_block(walkthrough):
     expected = {
         0: {0: [0], 8: [0, 1, 8]},
         1: {0: [], 8: [2, 3]},
@@ -131,24 +131,24 @@ def test_causal_keep_second_block(walkthrough):
         [0, 1, 8, 9, 16, 17, 24, 25, 32, 33, 40, 41, 48, 49, 56, 57]
 
 
-# ---- tables 5-7: quads and their reductions ------------------------------------------------
+# ---- §9: quads and their reductions -------------------------------------------------------
 
 @pytest.mark.parametrize("g", range(8))
-def test_table5_quad_groups(walkthrough, g):
+def test_quad_groups(walkthrough, g):
     lanes = [4 * g + a for a in range(4)]
     for t in lanes:
         assert walkthrough.reduce_group(t) == lanes
         assert [q for q, _ in walkthrough.s_rowcol(t)] == [g, g + 8]
 
 
-def test_table5_other_warps(walkthrough):
+def test_quad_groups_other_warps(walkthrough):
     for t in range(32, 36):
         assert [q for q, _ in walkthrough.s_rowcol(t)] == [16, 24]
     for t in range(124, 128):
         assert [q for q, _ in walkthrough.s_rowcol(t)] == [55, 63]
 
 
-def test_table6_columns(walkthrough):
+def test_quad_columns(walkthrough):
     expected = {
         0: [0, 1, 8, 9, 16, 17, 24, 25, 32, 33, 40, 41, 48, 49, 56, 57],
         1: [2, 3, 10, 11, 18, 19, 26, 27, 34, 35, 42, 43, 50, 51, 58, 59],
@@ -167,7 +167,7 @@ def test_quad_partners(walkthrough):
     assert walkthrough.reduce_offsets == (2, 1)
 
 
-def test_table7_max_reduction(walkthrough):
+def test_max_reduction(walkthrough):
     row = [-4, -3, -2, -1, 0, 1, 2, 3] + [-5] * 56
     local, xor2, xor1 = walkthrough.reduce_steps(row, tid=0, op="max")
     assert local == {0: -3, 1: -1, 2: 1, 3: 3}
@@ -184,9 +184,9 @@ def test_sum_reduction_example(walkthrough):
     assert xor1 == {0: 2, 1: 2, 2: 2, 3: 2}
 
 
-# ---- table 11: the swizzle ------------------------------------------------------------
+# ---- §5: the swizzle -------------------------------------------------------------------
 
-def test_table11_swizzle_offsets(walkthrough):
+def test_swizzle_offsets(walkthrough):
     table = {(0, 0): 0, (0, 8): 8, (1, 0): 72, (1, 8): 64, (7, 56): 448, (8, 0): 512}
     for (r, c), off in table.items():
         assert walkthrough.smem_offset("Q", r, c) == off
@@ -200,7 +200,7 @@ def test_swizzle_formula_every_element(walkthrough):
                 assert walkthrough.smem_offset(tensor, r, c) == 64 * r + (c ^ (8 * (r % 8)))
 
 
-# ---- the TiledCopy ----------------------------------------------------------------------
+# ---- §4: the TiledCopy ------------------------------------------------------------------
 
 def test_tiled_copy_examples(walkthrough):
     def rows_cols(t):
@@ -221,9 +221,9 @@ def test_tiled_copy_formula(walkthrough, tensor):
         assert walkthrough.copy_coords(tid, tensor) == expected
 
 
-# ---- table 12: fragment sizes --------------------------------------------------------
+# ---- §7: fragment sizes ---------------------------------------------------------------
 
-def test_table12_fragment_sizes(walkthrough):
+def test_fragment_sizes(walkthrough):
     f = walkthrough.fragment_shapes
     assert f["tCrQ"] == (8, 1, 4)
     assert f["tCrK"] == (4, 8, 4)
@@ -234,9 +234,9 @@ def test_table12_fragment_sizes(walkthrough):
     assert 8 * 1 * 4 == 32 and 4 * 8 * 4 == 128 and 4 * 1 * 8 == 32
 
 
-def test_describe_lane_mentions_the_walkthrough_facts(walkthrough):
+def test_describe_lane_mentions_the_documented_facts(walkthrough):
     text = walkthrough.describe_lane(0)
     assert "thread 0" in text
     assert "query 0 and 8" in text
-    assert "keys 0,1,8,9,16,17" in text
+    assert "keys 0..1, 8..9, …, 56..57 (every 8)" in text
     assert "talks to lanes 2 and 1" in text

@@ -20,7 +20,8 @@ last one down):
     and V of round i + kv_stages
 
 so a tile has kv_stages - 1 whole rounds to land, V's wait comes after the
-softmax, as in `../shared/seeds/001_*`, and no round ends in a CTA-wide barrier:
+softmax (V keeps landing while Q @ K^T and the softmax run), and no round ends in a
+CTA-wide barrier:
 only warp 0 waits for the slowest warp, the others run ahead into the next
 stage.
 """
@@ -40,7 +41,9 @@ from .launch import occupancy_options
 from .softmax import LOG2_E
 from .thread_mma import thread_mma
 
-LAZY_RESCALE_THRESHOLD = 8.0  # log2 units: the seed's 2^-8
+# log2 units: O is rescaled once the pending factor would drop below 2^-8 (softmax.py says why
+# that is safe)
+LAZY_RESCALE_THRESHOLD = 8.0
 
 
 class FlashFwdTma:

@@ -2,7 +2,7 @@
 which query block, heads and key blocks a CTA visits.
 
 causal_offset = Sk - Sq aligns the bottom-right corner (flash-attn's causal);
-causal_offset = 0 is the top-left alignment of the walkthrough and of torch SDPA.
+causal_offset = 0 is the top-left alignment of docs/walkthrough.md §8 and of torch SDPA.
 `last_visible_key` is plain integer arithmetic, so it runs on Python ints and numpy
 arrays (reference, introspection) and on DSL Int32 values inside a kernel alike.
 """

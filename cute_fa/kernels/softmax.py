@@ -1,15 +1,15 @@
 """Online softmax on the accumulator's row view, in registers (FlashAttention-2 Algorithm 1).
 
-The walkthrough's convention: row_max holds the max of raw scores (before the
-scale); weights are exp2(S * scale_log2 - row_max * scale_log2), with
+The convention of docs/walkthrough.md §10: row_max holds the max of raw scores (before
+the scale); weights are exp2(S * scale_log2 - row_max * scale_log2), with
 scale_log2 = softmax_scale * log2(e) folded into one FFMA per element.
 Each thread keeps its partial row sums across K/V rounds; they are combined
 across the quad once, at the end (the rescale factors are equal within a quad).
 
 Lazy rescale (`lazy_threshold`, in log2 units): a row keeps its stale max, and O is
 not rescaled, while the true max has grown by at most the threshold; the weights
-are then at most 2^threshold, harmless in fp32 sums and in fp16/bf16 P. 8 is the
-seed kernel's choice (it rescales once the pending factor drops below 2^-8). The
+are then at most 2^threshold, harmless in fp32 sums and in fp16/bf16 P. With 8, O is
+rescaled once the pending factor would drop below 2^-8. The
 skip is decided per warp (one vote per round), so the branch around the O multiply is
 uniform.
 """

@@ -2,8 +2,8 @@
 
 The gmem<->smem copies move 128 bits per thread per instruction: a row of the
 swizzle atom is split over `copy_threads_per_row` threads, and the thread
-block covers `copy_rows_per_pass` rows per pass (for the walkthrough's
-config: threads (16,8):(8,1), values (1,8), so thread t copies row t/8 + 16r,
+block covers `copy_rows_per_pass` rows per pass (for the configuration of
+docs/walkthrough.md §4: threads (16,8):(8,1), values (1,8), so thread t copies row t/8 + 16r,
 columns 8*(t%8)...+7).
 """
 

@@ -165,7 +165,7 @@ def fmt_ranges(values) -> str:
 class FlashLayouts:
     """Which tile elements each thread copies, holds and combines.
 
-    Defaults are the walkthrough's configuration: fp16, d=64, a 64x64 tile,
+    Defaults are the configuration of docs/walkthrough.md §3: fp16, d=64, a 64x64 tile,
     4 warps (128 threads). Coordinates are tile-local: add 64*m_block to a
     query and 64*n_block to a key for the global position.
     """
@@ -272,7 +272,7 @@ class FlashLayouts:
 
     @property
     def fragment_shapes(self) -> dict:
-        """Top-level mode sizes of each per-thread register tensor (the walkthrough's table 12)."""
+        """Top-level mode sizes of each per-thread register tensor (docs/walkthrough.md §7)."""
         return dict(self._t["fragments"])
 
     @property

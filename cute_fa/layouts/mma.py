@@ -26,7 +26,7 @@ def acc_rowcol_layout(acc_layout):
     """View an accumulator ((2,2), MMA_M, MMA_N) as (rows, cols) = ((2,MMA_M), (2,MMA_N)).
 
     Row mode: the thread's two rows g and g+8 of each M repeat; column mode: its
-    two adjacent columns of each n8 atom. For the walkthrough's tCrS this is
+    two adjacent columns of each n8 atom. For the tCrS of docs/walkthrough.md §8 this is
     ((2,1),(2,8)):((2,0),(1,4)): register slot 2*mi + b + 4*nj.
     """
     flat = cute.make_layout(acc_layout.shape)
@@ -55,7 +55,7 @@ def row_reduce_offsets(mma) -> tuple:
 
     Read off the MMA atom's C layout: a lane bit belongs to the row reduction
     when flipping it keeps the lane on the same rows. Largest offset first, as
-    the walkthrough's quad all-reduce (XOR 2, then XOR 1).
+    the quad all-reduce of docs/walkthrough.md §9 (XOR 2, then XOR 1).
     """
     tv = mma.tv_layout_C  # (lane, value) -> column-major index in the 16x8 atom
 

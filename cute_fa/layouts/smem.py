@@ -4,7 +4,7 @@ One swizzle atom is 8 rows of `smem_atom_cols` elements (128 bytes for a
 64-wide atom). Swizzle<B,3,3> XORs the row's low B bits into the index of the
 16-byte chunk, so the 8 rows that one ldmatrix reads land in 8 different bank
 groups, while each 16-byte chunk stays contiguous for cp.async.
-For d=64 this is the walkthrough's `composition(Swizzle<3,3,3>, (8,64):(64,1))`:
+For d=64 this is `composition(Swizzle<3,3,3>, (8,64):(64,1))` (docs/walkthrough.md §5):
 offset(r, c) = 64*r + (c XOR 8*(r % 8)).
 """
 
