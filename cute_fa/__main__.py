@@ -29,7 +29,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _layouts(args):
-    from .layouts import FlashLayouts
+    from .explain import FlashLayouts
 
     return FlashLayouts(head_dim=args.head_dim, block_m=args.block_m, block_n=args.block_n,
                         num_threads=args.num_threads, dtype=args.dtype)
@@ -57,7 +57,7 @@ def _cmd_layouts(args) -> int:
 def _cmd_probe(args) -> int:
     config = _layouts(args).config  # bad tile values are refused before the GPU is looked for
     _need_gpu("probe")
-    from .probe import run_probe_check
+    from .explain.probe import run_probe_check
 
     report = run_probe_check(config)
     print(report.summary())
@@ -129,7 +129,7 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_tour(args) -> int:
-    from .tour import tour
+    from .explain.tour import tour
 
     print(tour(_layouts(args)))
     return 0

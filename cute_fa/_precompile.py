@@ -14,7 +14,8 @@ from collections.abc import Iterable
 
 from .compiler import KernelKey, get_kernel, wait_for_saves
 from .layouts.config import canonical_dtype, check_head_dim
-from .tuning import BACKENDS, kernel_key, normalize_arch
+from .arch import Arch
+from .tuning import BACKENDS, kernel_key
 
 
 def _as_tuple(name: str, value, single: tuple, what: str) -> tuple:
@@ -66,7 +67,7 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
                                "is visible; torch.cuda.is_available() is False here")
         arch = _arch(torch.cuda.current_device())
     else:
-        arch = normalize_arch(arch)
+        arch = Arch.parse(arch).name
     keys = [kernel_key(arch, dtype, head_dim, is_causal, backend)
             for head_dim, dtype, is_causal in itertools.product(head_dims, dtypes, causal)]
     for key in keys:

@@ -1,6 +1,6 @@
 """Compiling kernels: keys, fake arguments, an in-memory and an on-disk cache, resources.
 
-A kernel is compiled once per `KernelKey` (arch, dtype, head_dim, causal, tile)
+A kernel is compiled once per key (`cute_fa.backends`: arch, causal, tile and its backend's fields)
 with fake tensors whose batch, sequence and head extents and strides are
 symbolic, so a new shape never recompiles. Compiled kernels are kept in memory
 and exported as object files under the cache directory ($CUTE_FA_CACHE_DIR, by
@@ -16,35 +16,25 @@ import re
 import subprocess
 import tempfile
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-from .layouts import TileConfig
+from .backends import ARGUMENTS, REGISTRY, KernelKey, backend_of
+
+__all__ = ["KernelKey", "compile_kernel", "get_kernel", "key_digest", "ptxas_resources",
+           "wait_for_saves"]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _EXPORT_NAME = "cute_fa_kernel"
 
 
-@dataclass(frozen=True)
-class KernelKey:
-    """One compiled kernel. backend 'sm80' is the cp.async kernel (kv_stages and
-    lazy_rescale unused), 'tma' the TMA kernel with a ring of kv_stages K/V buffers.
-    ctas_per_sm > 0 caps the registers so that this many CTAs fit one SM's register
-    file (ptxas's minimum CTAs per SM); 0 leaves the count to ptxas."""
-
-    arch: str
-    causal: bool
-    tile: TileConfig
-    backend: str = "sm80"
-    kv_stages: int = 0
-    lazy_rescale: bool = False
-    ctas_per_sm: int = 0
-
-    def digest(self) -> str:
-        text = repr((self.arch, self.causal, sorted(asdict(self.tile).items()), self.backend,
-                     self.kv_stages, self.lazy_rescale, self.ctas_per_sm,
-                     _fingerprint(self.backend)))
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
+def key_digest(key: KernelKey) -> str:
+    """The cache file name of `key`: its backend and fields, and the fingerprint of the sources
+    and DSL that compile it."""
+    fields = {k: v for k, v in sorted(vars(key).items()) if k != "tile"}
+    text = repr((key.backend, sorted(asdict(key.tile).items()), sorted(fields.items()),
+                 _fingerprint(key.backend)))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def dsl_version() -> str:
@@ -59,8 +49,42 @@ def dsl_version() -> str:
 
 _fp_cache: dict = {}
 
-# kernel sources that shape no kernel of the given backend
-_NOT_OF_BACKEND = {"sm80": {"fwd_tma.py", "tile_probe.py"}, "tma": {"fwd_sm80.py", "tile_probe.py"}}
+
+def kernel_sources(backend: str) -> list[Path]:
+    """Every source file that can change the code of `backend`'s kernels: its module and,
+    transitively, every cute_fa module it imports (read from the import statements, without
+    importing anything), plus this file (the compile options and fake arguments). The
+    explanations (cute_fa.explain) read the layouts and never shape a kernel."""
+    start = _PACKAGE_DIR / "kernels" / f"{REGISTRY[backend].module}.py"
+    seen: set = set()
+    todo = [start, _PACKAGE_DIR / "compiler.py", _PACKAGE_DIR / "backends.py"]
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.is_file() or "explain" in path.relative_to(_PACKAGE_DIR).parts:
+            continue
+        seen.add(path)
+        todo.extend(_imported_files(path))
+    return sorted(seen)
+
+
+def _imported_files(path: Path) -> list[Path]:
+    """The cute_fa files `path` imports with relative imports (anywhere in it)."""
+    import ast
+
+    out = []
+    package = path.parent
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom) or not node.level:
+            continue
+        base = package
+        for _ in range(node.level - 1):
+            base = base.parent
+        for part in (node.module or "").split(".") if node.module else []:
+            base = base / part
+        out.append(base.with_suffix(".py") if not base.is_dir() else base / "__init__.py")
+        if base.is_dir():  # from .pkg import submodule, name
+            out.extend(base / f"{alias.name}.py" for alias in node.names)
+    return out
 
 
 def _fingerprint(backend: str = "sm80") -> str:
@@ -68,15 +92,7 @@ def _fingerprint(backend: str = "sm80") -> str:
     objects never load."""
     if backend not in _fp_cache:
         h = hashlib.sha256()
-        # the host-side readers of the layouts (introspection, figures) shape no kernel
-        readers = {"introspect.py", "figures.py"}
-        skip = _NOT_OF_BACKEND.get(backend, set())
-        sources = [_PACKAGE_DIR / "compiler.py",
-                   *sorted(p for p in (_PACKAGE_DIR / "layouts").glob("*.py")
-                           if p.name not in readers),
-                   *sorted(p for p in (_PACKAGE_DIR / "kernels").glob("*.py")
-                           if p.name not in skip)]
-        for path in sources:
+        for path in kernel_sources(backend):
             h.update(path.relative_to(_PACKAGE_DIR).as_posix().encode())
             h.update(path.read_bytes())
         h.update(dsl_version().encode())
@@ -92,7 +108,9 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def fake_arguments(key: KernelKey):
+def fake_arguments(key: KernelKey) -> tuple:
+    """Fake tensors and scalars for `cute.compile`, one per entry of `backends.ARGUMENTS`:
+    batch, sequence and head extents and strides symbolic, so a new shape never recompiles."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -100,32 +118,27 @@ def fake_arguments(key: KernelKey):
     from .layouts._types import cutlass_dtype
 
     dtype = cutlass_dtype(key.tile.dtype)
-    d = key.tile.head_dim
 
     def qkvo():
         stride = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
-        shape = (cute.sym_int(), cute.sym_int(), cute.sym_int(), d)
+        shape = (cute.sym_int(), cute.sym_int(), cute.sym_int(), key.tile.head_dim)
         return make_fake_tensor(dtype, shape, stride=stride, assumed_align=16)
 
-    lse = make_fake_tensor(cutlass.Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
-                           stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
-    return (qkvo(), qkvo(), qkvo(), qkvo(), lse, cutlass.Float32(1.0), cutlass.Int32(0),
-            cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True))
+    def lse():
+        return make_fake_tensor(cutlass.Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
+                                stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+
+    make = {"qkvo": qkvo, "lse": lse, "float32": lambda: cutlass.Float32(1.0),
+            "int32": lambda: cutlass.Int32(0)}
+    return tuple(make[kind]() for _, kind in ARGUMENTS) + (
+        make_fake_stream(use_tvm_ffi_env_stream=True),)
 
 
 def compile_kernel(key: KernelKey, *, keep_ptx: bool = False):
     """cute.compile the forward kernel for `key` (needs no GPU)."""
     import cutlass.cute as cute
 
-    if key.backend == "tma":
-        from .kernels.fwd_tma import FlashFwdTma
-
-        kernel = FlashFwdTma(key.tile, key.causal, key.kv_stages, key.lazy_rescale,
-                             key.ctas_per_sm)
-    else:
-        from .kernels.fwd_sm80 import FlashFwdSm80
-
-        kernel = FlashFwdSm80(key.tile, key.causal, key.ctas_per_sm)
+    kernel = backend_of(key).build(key)
     options = f"--gpu-arch={key.arch} --enable-tvm-ffi"
     if not keep_ptx:
         return cute.compile(kernel, *fake_arguments(key), options=options)
@@ -153,7 +166,7 @@ def get_kernel(key: KernelKey):
                 # exporting the object (~0.3 s) is off the first call's path; the thread is
                 # not a daemon, so the file is complete before the interpreter exits
                 saver = threading.Thread(target=_save, args=(key, compiled),
-                                         name=f"cute_fa-save-{key.digest()[:8]}")
+                                         name=f"cute_fa-save-{key_digest(key)[:8]}")
                 saver.start()
                 _saving.append(saver)
                 fn = compiled
@@ -168,7 +181,7 @@ def wait_for_saves() -> None:
 
 
 def _object_path(key: KernelKey) -> Path:
-    return cache_dir() / f"{key.digest()}.o"
+    return cache_dir() / f"{key_digest(key)}.o"
 
 
 _runtime_loaded: list = []

@@ -13,7 +13,8 @@ from typing import Literal, overload
 import torch
 
 from .compiler import get_kernel
-from .tuning import BACKENDS, arch_of_capability, forced_tile_arch, kernel_key
+from .arch import Arch
+from .tuning import BACKENDS, forced_tile_arch, kernel_key
 
 Backend = Literal["auto", "sm80", "tma"]
 
@@ -174,7 +175,7 @@ def _arch(device_index: int) -> str:
         if major < 8:
             raise RuntimeError(f"cute_fa needs an sm80 or newer GPU, cuda:{device_index} is "
                                f"sm{major}{minor}")
-        arch = _ARCH[device_index] = arch_of_capability(major, minor)
+        arch = _ARCH[device_index] = Arch(major, minor).name
     return arch
 
 

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .kernels.mask import key_visible
+from .visibility import key_visible
 
 
 def _as_2d(name: str, x) -> np.ndarray:

@@ -15,22 +15,14 @@ from __future__ import annotations
 
 import contextlib
 
+from .arch import ARCHS, SMEM_BYTES, Arch
+from .backends import Sm80Key, TmaKey
 from .layouts import TileConfig
-from .layouts.tma import max_kv_stages
+
+__all__ = ["ARCHS", "BACKENDS", "SMEM_BYTES", "TILES", "TMA_TILES", "kernel_key", "tile_config",
+           "tiles_of", "forced_tile_arch", "max_kv_stages", "resolve_backend"]
 
 BACKENDS = ("sm80", "tma", "auto")
-
-SMEM_BYTES = {  # usable dynamic shared memory per CTA
-    "sm_80": 163 * 1024,
-    "sm_86": 99 * 1024,
-    "sm_87": 163 * 1024,
-    "sm_89": 99 * 1024,
-    "sm_90": 227 * 1024,
-    "sm_90a": 227 * 1024,
-    "sm_100a": 227 * 1024,
-    "sm_120": 99 * 1024,
-    "sm_120a": 99 * 1024,
-}
 
 TMA_TILES = {
     (64, False): [(128, 64, 128), (64, 64, 128)],
@@ -47,31 +39,6 @@ TILES = dict(TMA_TILES)  # the sm80 kernel's
 TILES[128, False] = TILES[128, True] = [(128, 128, 256), (64, 64, 128)]
 
 
-# The archs cute_fa compiles for, in the spelling the GPU at hand gets (`arch_of_capability`):
-# 'a' marks the arch-specific targets of sm90 and newer, which the DSL compiles for.
-ARCHS = tuple(a for a in SMEM_BYTES if a[-1] == "a" or f"{a}a" not in SMEM_BYTES)
-
-
-def arch_of_capability(major: int, minor: int) -> str:
-    """The arch string of a GPU of compute capability (major, minor), e.g. (9, 0) -> 'sm_90a'."""
-    return f"sm_{major}{minor}{'a' if major in (9, 10, 12) else ''}"
-
-
-def normalize_arch(arch) -> str:
-    """'sm_90a' for 'sm_90a', 'sm_90', 'sm90' or 'SM90': the spelling `forward` looks kernels up
-    by on that GPU. Anything else raises, naming the supported archs."""
-    if not isinstance(arch, str):
-        raise TypeError(f"arch must be a str such as 'sm_90a', got {type(arch).__name__}")
-    text = arch.strip().lower().replace("sm_", "sm", 1)
-    digits = text[2:].rstrip("a")
-    if text.startswith("sm") and digits.isdigit() and len(digits) >= 2:
-        canonical = arch_of_capability(int(digits[:-1]), int(digits[-1]))
-        if canonical in ARCHS and (canonical.endswith("a") or not text.endswith("a")):
-            return canonical
-    raise ValueError(f"arch must be one of {', '.join(ARCHS)} (or the same without '_' or 'a'), "
-                     f"got {arch!r}")
-
-
 def head_dim_class(head_dim: int) -> int:
     for limit in (64, 128, 192, 256):
         if head_dim <= limit:
@@ -82,7 +49,7 @@ def head_dim_class(head_dim: int) -> int:
 def tile_config(arch: str, dtype: str, head_dim: int, causal: bool,
                 backend: str = "sm80") -> TileConfig:
     """The TileConfig the sm80 (or, with backend='tma', the TMA) kernel uses on `arch`."""
-    budget = SMEM_BYTES.get(arch, 99 * 1024)
+    budget = Arch.of_name(arch).smem_bytes
     table = TMA_TILES if backend == "tma" else TILES
     for block_m, block_n, num_threads in table[head_dim_class(head_dim), causal]:
         try:
@@ -97,7 +64,7 @@ def tile_config(arch: str, dtype: str, head_dim: int, causal: bool,
 
 def tma_supported(arch: str) -> bool:
     """TMA (cp.async.bulk.tensor) exists from sm90 on."""
-    return int(arch[3:].rstrip("a")) >= 90
+    return Arch.of_name(arch).has_tma
 
 
 def resolve_backend(arch: str, backend: str, head_dim: int, causal: bool) -> str:
@@ -127,8 +94,6 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     spills, while the eager bf16 causal one spills 24 bytes. The eager kernel stays compiled
     and benchmarked.
     """
-    from .compiler import KernelKey
-
     tiles = tile_arch or _forced_tile_arch[0] or arch
     backend = resolve_backend(tiles, backend, head_dim, causal)
     if backend == "tma" and not tma_supported(arch):
@@ -136,15 +101,30 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     cfg = tile_config(tiles, dtype, head_dim, causal, backend)
     cap = REGISTER_CAP_CTAS.get((tiles, backend, head_dim_class(head_dim), causal), 0)
     if backend == "sm80":
-        return KernelKey(arch, causal, cfg, ctas_per_sm=cap)
+        return Sm80Key(arch, causal, cfg, ctas_per_sm=cap)
     tile = TMA_TILE_EXCEPTIONS.get((tiles.rstrip("a"), cfg.head_dim_padded))
     if tile is not None:
         cfg = TileConfig(head_dim=head_dim, block_m=tile[0], block_n=tile[1],
                          num_threads=tile[2], dtype=dtype)
     ctas = TMA_CTAS_PER_SM.get(head_dim_class(head_dim), 2)
-    stages = max_kv_stages(cfg, SMEM_BYTES.get(tiles, 99 * 1024), ctas_per_sm=ctas)
-    return KernelKey(arch, causal, cfg, backend="tma", kv_stages=stages,
-                     lazy_rescale=bool(lazy_rescale), ctas_per_sm=cap)
+    stages = max_kv_stages(cfg, Arch.of_name(tiles).smem_bytes, ctas_per_sm=ctas)
+    # S = Q K^T's k-loop: fine-grained B loads or not, traced step by step or not, whichever
+    # ptxas compiles without spills (at head_dim 128 on sm_90a each choice of s_gemm_fine
+    # spills 24-40 bytes in the other kind of kernel; kernels/gemm.py says why the causal one
+    # is traced step by step)
+    return TmaKey(arch, causal, cfg, ctas_per_sm=cap, kv_stages=stages,
+                  lazy_rescale=bool(lazy_rescale), s_gemm_fine=not causal,
+                  s_gemm_python_unrolled=causal)
+
+
+def max_kv_stages(cfg: TileConfig, smem_budget: int, ctas_per_sm: int = 2, cap: int = 4) -> int:
+    """Stages of the K/V ring: as many as fit while `ctas_per_sm` CTAs share the SM
+    (or one CTA, if even two stages do not fit that way), at most `cap`."""
+    for per_cta in (smem_budget // ctas_per_sm, smem_budget):
+        stages = min(cap, (per_cta - cfg.smem_bytes(0) - 1024) // cfg.smem_bytes_kv_stage())
+        if stages >= 2:
+            return stages
+    return 1
 
 
 _forced_tile_arch: list = [None]
@@ -156,7 +136,7 @@ def tiles_of(arch: str | None):
     tables (e.g. 'sm_120a', 'sm_86') instead of the GPU's own: the way to run, on the GPU at
     hand, what a GPU of that arch runs. None restores the GPU's own tables."""
     previous = _forced_tile_arch[0]
-    _forced_tile_arch[0] = None if arch is None else normalize_arch(arch)
+    _forced_tile_arch[0] = None if arch is None else Arch.parse(arch).name
     try:
         yield _forced_tile_arch[0]
     finally:

@@ -24,6 +24,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def walkthrough():
     """The configuration of docs/walkthrough.md §3: fp16, d=64, 64x64 tile, 4 warps."""
-    from cute_fa.layouts import FlashLayouts
+    from cute_fa.explain import FlashLayouts
 
     return FlashLayouts(head_dim=64, block_m=64, block_n=64, num_threads=128, dtype="float16")

@@ -2,7 +2,8 @@
 
 import pytest
 
-from cute_fa.layouts import FlashLayouts, TileConfig
+from cute_fa.explain import FlashLayouts
+from cute_fa.layouts import TileConfig
 
 
 @pytest.mark.parametrize("kwargs, name", [

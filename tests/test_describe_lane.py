@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from cute_fa.layouts import FlashLayouts
-from cute_fa.layouts.introspect import fmt_ranges
+from cute_fa.explain import FlashLayouts
+from cute_fa.explain.introspect import fmt_ranges
 
 TILES = [  # (head_dim, block_m, block_n, num_threads)
     (64, 64, 64, 128),

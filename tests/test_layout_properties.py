@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from cute_fa.layouts import FlashLayouts
+from cute_fa.explain import FlashLayouts
 
 CONFIGS = [
     dict(head_dim=32, block_m=64, block_n=64, num_threads=128),

@@ -55,10 +55,10 @@ def test_no_gpu_needs_arch():
 
 @pytest.mark.parametrize("spelling", ["sm_90a", "sm_90", "sm90", "SM_90A"])
 def test_arch_spellings_name_the_gpus_kernel(spelling):
-    from cute_fa.tuning import arch_of_capability, normalize_arch
+    from cute_fa.arch import Arch
 
     # precompiling for 'sm_90' must produce the key forward() looks up on an H100/H200
-    assert normalize_arch(spelling) == arch_of_capability(9, 0) == "sm_90a"
+    assert Arch.parse(spelling) == Arch(9, 0) and Arch(9, 0).name == "sm_90a"
 
 
 def test_precompile_one_kernel_twice(monkeypatch, tmp_path):

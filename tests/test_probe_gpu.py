@@ -17,7 +17,7 @@ CONFIGS = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.dtype}-d{c.head_dim}-{c.block_m}x{c.block_n}-t{c.num_threads}")
 def test_probe_matches_torch(cfg):
-    from cute_fa.probe import run_probe_check
+    from cute_fa.explain.probe import run_probe_check
 
     report = run_probe_check(cfg, seed=cfg.head_dim)
     assert report.ok, report.summary()

@@ -9,8 +9,11 @@ box (box_cols x rows) contiguous.
 
 import pytest
 
-from cute_fa.layouts import FlashLayouts, TileConfig
-from cute_fa.layouts.tma import RingBarriers, max_kv_stages, ring_slot, tma_box
+from cute_fa.explain import FlashLayouts
+from cute_fa.layouts import TileConfig
+from cute_fa.layouts.ring import RingBarriers, ring_slot
+from cute_fa.layouts.tma import tma_box
+from cute_fa.tuning import max_kv_stages
 from cute_fa.tuning import SMEM_BYTES, kernel_key, resolve_backend
 
 

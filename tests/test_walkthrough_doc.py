@@ -1,4 +1,4 @@
-"""docs/walkthrough.md: the committed file is what `cute_fa.walkthrough.render()` produces, and
+"""docs/walkthrough.md: the committed file is what `cute_fa.explain.walkthrough.render()` produces, and
 every table it shows holds the values worked out by hand.
 
 Expected values are typed in from the hand example's arithmetic and from the layout formulas
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cute_fa import walkthrough as wt
+from cute_fa.explain import walkthrough as wt
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "walkthrough.md"
@@ -25,7 +25,7 @@ def test_committed_document_is_rendered():
     committed = DOC.read_bytes().decode("utf-8")
     assert wt.render() == committed, (
         "docs/walkthrough.md is stale: regenerate with "
-        "`python -m cute_fa.walkthrough > docs/walkthrough.md`")
+        "`python -m cute_fa.explain.walkthrough > docs/walkthrough.md`")
 
 
 def test_sections_are_numbered_in_order():
@@ -254,7 +254,8 @@ def test_source_table():
     rows = {path: names for _, path, names in wt.source_table()}
     assert rows["cute_fa/kernels/softmax.py"] == ["quad_allreduce", "OnlineSoftmax.step",
                                                   "OnlineSoftmax.finalize"]
-    assert rows["cute_fa/kernels/mask.py"] == ["key_visible", "key_block_count", "apply_mask"]
+    assert rows["cute_fa/kernels/mask.py"] == ["key_block_count", "apply_mask"]
+    assert rows["cute_fa/visibility.py"] == ["key_visible"]
     assert rows["cute_fa/layouts/mma.py"] == ["tiled_mma", "acc_rowcol_layout", "acc_to_a_layout",
                                               "row_reduce_offsets"]
     assert rows["cute_fa/kernels/fwd_sm80.py"] == ["FlashFwdSm80.kernel", "FlashFwdSm80._round"]

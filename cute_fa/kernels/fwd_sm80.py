@@ -31,7 +31,8 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.memory
 
-from ..layouts import TileConfig, copies, mma as mma_mod, smem
+from ..backends import Sm80Key
+from ..layouts import copies, mma as mma_mod, smem
 from ..layouts._types import cutlass_dtype
 from . import epilogue, mask
 from .gemm import gemm_ldmatrix
@@ -42,11 +43,12 @@ from .thread_mma import thread_mma
 
 
 class FlashFwdSm80:
-    def __init__(self, cfg: TileConfig, causal: bool, ctas_per_sm: int = 0):
+    def __init__(self, key: Sm80Key):
+        cfg = key.tile
         self.cfg = cfg
-        self.causal = causal
-        self.ctas_per_sm = ctas_per_sm
-        self.mask_steps = mask.masked_round_count(cfg.block_m, cfg.block_n, causal)
+        self.causal = key.causal
+        self.ctas_per_sm = key.ctas_per_sm
+        self.mask_steps = mask.masked_round_count(cfg.block_m, cfg.block_n, key.causal)
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,

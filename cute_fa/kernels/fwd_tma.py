@@ -9,7 +9,7 @@ padding come back as zeros from TMA's out-of-bounds fill.
 
 K and V stream through a ring of `kv_stages` buffers, each with its own
 mbarriers for K and for V (landed) and an "empty" one (read by every thread; see
-`cute_fa.layouts.tma.ring_slot`). Per round i, on key block n (walked from the
+`cute_fa.layouts.ring.ring_slot`). Per round i, on key block n (walked from the
 last one down):
 
     wait K[stage] ............... V of this round is still landing
@@ -33,7 +33,8 @@ import cutlass.cute as cute
 import cutlass.memory
 from cutlass.cute.nvgpu import cpasync
 
-from ..layouts import TileConfig, mma as mma_mod, smem, tma
+from ..backends import TmaKey
+from ..layouts import mma as mma_mod, ring, smem, tma
 from ..layouts._types import cutlass_dtype
 from . import epilogue, mask
 from .gemm import gemm_ldmatrix
@@ -47,16 +48,18 @@ LAZY_RESCALE_THRESHOLD = 8.0
 
 
 class FlashFwdTma:
-    def __init__(self, cfg: TileConfig, causal: bool, kv_stages: int = 2,
-                 lazy_rescale: bool = True, ctas_per_sm: int = 0):
-        if kv_stages < 1:
-            raise ValueError(f"kv_stages must be at least 1, got {kv_stages}")
+    def __init__(self, key: TmaKey):
+        if key.kv_stages < 1:
+            raise ValueError(f"kv_stages must be at least 1, got {key.kv_stages}")
+        cfg = key.tile
         self.cfg = cfg
-        self.causal = causal
-        self.kv_stages = kv_stages
-        self.ctas_per_sm = ctas_per_sm
-        self.lazy_threshold = LAZY_RESCALE_THRESHOLD if lazy_rescale else None
-        self.mask_steps = mask.masked_round_count(cfg.block_m, cfg.block_n, causal)
+        self.causal = key.causal
+        self.kv_stages = key.kv_stages
+        self.ctas_per_sm = key.ctas_per_sm
+        self.s_gemm_fine = key.s_gemm_fine
+        self.s_gemm_python_unrolled = key.s_gemm_python_unrolled
+        self.lazy_threshold = LAZY_RESCALE_THRESHOLD if key.lazy_rescale else None
+        self.mask_steps = mask.masked_round_count(cfg.block_m, cfg.block_n, key.causal)
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
@@ -99,7 +102,7 @@ class FlashFwdTma:
         sK = storage.sK.get_tensor(sKV_layout)
         sV = storage.sV.get_tensor(sKV_layout)
         sVt = smem.transposed_v(sV, cfg, stages)
-        bars = tma.RingBarriers(stages)
+        bars = ring.RingBarriers(stages)
         mbar = storage.mbar.data_ptr()
         bar_Q, bar_K, bar_V, bar_E = (mbar + i for i in (bars.q, bars.k, bars.v, bars.empty))
 
@@ -174,7 +177,7 @@ class FlashFwdTma:
                  tKsK: cute.Tensor, bar_K, tma_atom_V: cute.CopyAtom, tVgV: cute.Tensor,
                  tVsV: cute.Tensor, bar_V, tile_bytes: cutlass.Constexpr):
         """Warp 0: start the K and V tiles of key block n_block into the round's stage."""
-        stage, _ = tma.ring_slot(round_index, self.kv_stages)
+        stage, _ = ring.ring_slot(round_index, self.kv_stages)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(bar_K + stage, tile_bytes)
             cute.arch.mbarrier_arrive_and_expect_tx(bar_V + stage, tile_bytes)
@@ -191,18 +194,16 @@ class FlashFwdTma:
                acc_O_mn: cute.Tensor, mask_at: tuple, softmax, seqlen_k, causal_offset, tidx):
         cfg = self.cfg
         n_block = n_block_max - 1 - i
-        stage, phase = tma.ring_slot(i, self.kv_stages)
+        stage, phase = ring.ring_slot(i, self.kv_stages)
         acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((cfg.block_m, cfg.block_n)),
                                       cutlass.Float32)
         acc_S.fill(0.0)
 
         cute.arch.mbarrier_wait(bar_K + stage, phase)
-        # fine-grained B loads or not, traced step by step or not: whichever ptxas compiles
-        # without spills (at head_dim 128 on sm_90a each choice of `fine` spills 24-40 bytes in
-        # the other kind of kernel; see gemm.py for python_unrolled)
+        # how the k-loop loads and unrolls is the key's (tuning picks the spill-free choice)
         gemm_ldmatrix(tiled_mma, acc_S, tSrQ, tSrK, s2r_k, ldsm["tSsK"][None, None, None, stage],
                       ldsm["tSrK_view"], s2r_q, ldsm["tSsQ"], ldsm["tSrQ_view"],
-                      fine=not self.causal, python_unrolled=self.causal)
+                      fine=self.s_gemm_fine, python_unrolled=self.s_gemm_python_unrolled)
 
         acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
         if masked:

@@ -1,26 +1,13 @@
-"""Which keys a query may see: the one rule shared by the kernels and the host side, and
-which query block, heads and key blocks a CTA visits.
+"""Where the causal mask is applied, and which query block, heads and key blocks a CTA visits.
 
-causal_offset = Sk - Sq aligns the bottom-right corner (flash-attn's causal);
-causal_offset = 0 is the top-left alignment of docs/walkthrough.md §8 and of torch SDPA.
-`last_visible_key` is plain integer arithmetic, so it runs on Python ints and numpy
-arrays (reference, introspection) and on DSL Int32 values inside a kernel alike.
+The rule of which key a query sees is `cute_fa.visibility` (shared with the reference and the
+introspection); this module applies it to a CTA's work and to its S accumulator.
 """
 
 import cutlass
 import cutlass.cute as cute
 
-
-def last_visible_key(query, causal_offset):
-    """Under causal masking, query `query` sees keys 0 .. query + causal_offset."""
-    return query + causal_offset
-
-
-def key_visible(query, key, *, causal: bool, causal_offset=0):
-    """True where key `key` contributes to query `query` (global positions)."""
-    if not causal:
-        return True
-    return key <= last_visible_key(query, causal_offset)
+from ..visibility import last_visible_key
 
 
 def block_coords(causal: bool):

@@ -67,7 +67,7 @@ def shared_storage(cfg: TileConfig, stages: int = 0):
     import cutlass
 
     from ._types import cutlass_dtype
-    from .tma import RingBarriers
+    from .ring import RingBarriers
 
     dtype = cutlass_dtype(cfg.dtype)
     q_elems = cute.cosize(smem_layout_q(cfg))

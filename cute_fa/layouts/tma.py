@@ -12,8 +12,8 @@ map covers every batch, head (GQA picks a K/V head by coordinate) and stride, an
 rows past seqlen or columns past head_dim come back as zeros (TMA's out-of-bounds
 fill): no predicates and no padding copies.
 
-`ring_slot` is the one rule for which stage and mbarrier phase a K/V round uses;
-it runs on Python ints (introspection, notebooks) and on DSL integers (kernel).
+The ring's bookkeeping (which stage and mbarrier phase a round uses, where the
+mbarriers sit) is in `ring.py`; how many stages a tile gets is `cute_fa.tuning`'s choice.
 """
 
 from dataclasses import dataclass
@@ -21,37 +21,6 @@ from dataclasses import dataclass
 from .config import TileConfig
 
 TMA_ORDER = (1, 3, 2, 0)  # (batch, seqlen, heads, head_dim) -> (seqlen, head_dim, heads, batch)
-
-
-def ring_slot(round_index, stages: int):
-    """(stage, phase) of K/V round `round_index` in a ring of `stages` buffers.
-
-    Round i fills stage i % stages; each stage's mbarrier completes once per lap,
-    so the phase to wait for flips every lap: (i // stages) % 2.
-    """
-    return round_index % stages, (round_index // stages) % 2
-
-
-@dataclass(frozen=True)
-class RingBarriers:
-    """Where the TMA kernel's mbarriers sit in its array: Q's, then one per stage for K
-    landed, V landed, and "empty" (every thread has read the stage)."""
-
-    stages: int
-    q = 0
-    k = 1
-
-    @property
-    def v(self) -> int:
-        return 1 + self.stages
-
-    @property
-    def empty(self) -> int:
-        return 1 + 2 * self.stages
-
-    @property
-    def count(self) -> int:
-        return 1 + 3 * self.stages
 
 
 @dataclass(frozen=True)
@@ -71,16 +40,6 @@ def tma_box(cfg: TileConfig, tensor: str) -> TmaBox:
     return TmaBox(rows=rows, cols=cols, swizzle_bytes=cols * cfg.elem_bytes,
                   boxes_per_tile=cfg.head_dim_padded // cols,
                   tile_bytes=rows * cfg.head_dim_padded * cfg.elem_bytes)
-
-
-def max_kv_stages(cfg: TileConfig, smem_budget: int, ctas_per_sm: int = 2, cap: int = 4) -> int:
-    """Stages of the K/V ring: as many as fit while `ctas_per_sm` CTAs share the SM
-    (or one CTA, if even two stages do not fit that way), at most `cap`."""
-    for per_cta in (smem_budget // ctas_per_sm, smem_budget):
-        stages = min(cap, (per_cta - cfg.smem_bytes(0) - 1024) // cfg.smem_bytes_kv_stage())
-        if stages >= 2:
-            return stages
-    return 1
 
 
 def tma_view(t):
@@ -126,42 +85,3 @@ def tma_load(cfg: TileConfig, tensor: str, gmem):
     layout = tma_smem_layout(cfg, tensor)
     return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), gmem, layout,
                                        (rows, cfg.head_dim_padded))
-
-
-def describe(cfg: TileConfig, stages: int = 2, arch: str = "sm_90a") -> dict:
-    """The real TMA objects of the K tile, as the DSL prints them: the copy atom, the TMA
-    tensor (global view), the smem ring in both notations (`smem_ring`: what ldmatrix
-    reads; `smem_ring_tma`: what the copy engine is given) and both sides of
-    `tma_partition`.
-
-    Built by `cute.compile` of a tiny function on a fake tensor of dynamic
-    shape and strides (no GPU needed), the way the kernel builds them.
-    """
-    import cutlass.cute as cute
-    from cutlass.cute.nvgpu import cpasync
-    from cutlass.cute.runtime import make_fake_tensor
-
-    from . import smem
-    from ._types import cutlass_dtype
-
-    out: dict = {}
-
-    @cute.jit
-    def build(mK: cute.Tensor):
-        atom, tma_K = tma_load(cfg, "K", tma_view(mK))
-        ring = smem.smem_layout_kv(cfg, stages)
-        ring_tma = tma_smem_layout(cfg, "K", stages)
-        sK = cute.make_tensor(cute.make_ptr(cutlass_dtype(cfg.dtype), 0, cute.AddressSpace.smem,
-                                            assumed_align=1024), ring_tma)
-        gK = cute.local_tile(tma_K[None, None, 0, 0], (cfg.block_n, cfg.head_dim_padded),
-                             (None, 0))
-        tKsK, tKgK = cpasync.tma_partition(atom, 0, cute.make_layout(1),
-                                           cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        out.update(atom=str(atom), tma_tensor=str(tma_K), smem_ring=str(ring),
-                   smem_ring_tma=str(ring_tma), tKsK=str(tKsK), tKgK=str(tKgK))
-
-    stride = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
-    shape = (cute.sym_int(), cute.sym_int(), cute.sym_int(), cfg.head_dim)
-    cute.compile(build, make_fake_tensor(cutlass_dtype(cfg.dtype), shape, stride=stride,
-                                         assumed_align=16), options=f"--gpu-arch={arch}")
-    return out

@@ -12,7 +12,7 @@ import operator
 
 import numpy as np
 
-from .config import WARP_SIZE, TileConfig
+from ..layouts.config import WARP_SIZE, TileConfig
 
 
 def _collect(cfg: TileConfig) -> dict:
@@ -20,8 +20,8 @@ def _collect(cfg: TileConfig) -> dict:
     import cutlass
     import cutlass.cute as cute
 
-    from . import _read, copies, mma as mma_mod, smem
-    from ._types import cutlass_dtype
+    from ..layouts import _read, copies, mma as mma_mod, smem
+    from ..layouts._types import cutlass_dtype
 
     out: dict = {}
 
@@ -113,7 +113,7 @@ def _collect(cfg: TileConfig) -> dict:
             dtype=np.int64,
         )
         # the same ring as handed to TMA: an unswizzled tile plus a swizzle of byte addresses
-        from . import tma
+        from ..layouts import tma
 
         ring_tma = tma.tma_smem_layout(cfg, "K", 2)
         sw = ring_tma.inner
@@ -335,7 +335,7 @@ class FlashLayouts:
 
         Global positions: query = block_m*m_block + row, key = block_n*n_block + col.
         """
-        from ..kernels.mask import key_visible
+        from ..visibility import key_visible
 
         c = self.config
         keep: dict = {}
@@ -368,7 +368,7 @@ class FlashLayouts:
 
     def tma_box(self, tensor: str = "K"):
         """The TMA box of one tile: rows, columns, swizzle bytes, boxes per tile, bytes per tile."""
-        from .tma import tma_box
+        from ..layouts.tma import tma_box
 
         if tensor not in ("Q", "K", "V"):
             raise ValueError(f"tensor must be one of 'Q', 'K', 'V', got {tensor!r}")
@@ -376,7 +376,7 @@ class FlashLayouts:
 
     def tma_objects(self, stages: int = 2) -> dict:
         """The TMA copy atom, TMA tensor, smem ring and tma_partition of K, as the DSL prints them."""
-        from .tma import describe
+        from .tma_objects import describe
 
         return describe(self.config, stages)
 
@@ -384,7 +384,7 @@ class FlashLayouts:
     def ring_rounds(n_blocks: int, stages: int = 2) -> list:
         """The TMA kernel's K/V rounds: which key block, stage and mbarrier phase each uses,
         and which block's load it starts when it frees its stage."""
-        from .tma import ring_slot
+        from ..layouts.ring import ring_slot
 
         rounds = []
         for i in range(n_blocks):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import WARP_SIZE
+from ..layouts.config import WARP_SIZE
 
 _OPERANDS = {
     # name: (table, shape(config) -> (rows, cols), axis labels)

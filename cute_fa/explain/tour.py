@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .layouts import FlashLayouts
-from .layouts.config import WARP_SIZE
+from ..layouts.config import WARP_SIZE
+from .introspect import FlashLayouts
 
 
 def _section(title: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .layouts import TileConfig
+from ..layouts import TileConfig
 
 
 @dataclass
@@ -40,7 +40,7 @@ def run_probe_check(cfg: TileConfig, seed: int = 0) -> ProbeReport:
     from cuda.bindings import driver as cuda
     from cutlass.cute.runtime import from_dlpack
 
-    from .kernels.tile_probe import TileProbe
+    from ..kernels.tile_probe import TileProbe
 
     dtype = getattr(torch, cfg.dtype)
     gen = torch.Generator(device="cuda").manual_seed(seed)

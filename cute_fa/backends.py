@@ -1,0 +1,96 @@
+"""The forward kernels cute_fa can compile, one record each: adding a kernel is adding its
+module under cute_fa/kernels/ and one `Backend` here.
+
+A backend names its kernel class, the key type that says everything one compiled kernel of
+it depends on, and the archs it runs on. Every kernel takes the arguments `ARGUMENTS`
+describes, in that order: `compiler.fake_arguments` builds fake tensors from it for
+`cute.compile`, and `interface` launches with the same order.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .arch import Arch
+from .layouts import TileConfig
+
+
+@dataclass(frozen=True)
+class KernelKey:
+    """What one compiled forward kernel depends on. ctas_per_sm > 0 caps the registers so
+    that this many CTAs fit one SM's register file (ptxas's .minnctapersm); 0 leaves the
+    count to ptxas."""
+
+    arch: str
+    causal: bool
+    tile: TileConfig
+    ctas_per_sm: int = 0
+    backend: ClassVar[str] = ""
+
+
+@dataclass(frozen=True)
+class Sm80Key(KernelKey):
+    """The cp.async kernel (`kernels/fwd_sm80.py`)."""
+
+    backend: ClassVar[str] = "sm80"
+
+
+@dataclass(frozen=True)
+class TmaKey(KernelKey):
+    """The TMA kernel (`kernels/fwd_tma.py`): a ring of kv_stages K/V buffers; lazy_rescale
+    skips O's rescale while the row max has grown little; s_gemm_fine loads K's fragments one
+    k-step ahead (else a whole tile's at once) and s_gemm_python_unrolled traces the
+    S = Q K^T k-loop step by step (else the compiler unrolls it): `tuning` picks whichever
+    ptxas compiles without spills."""
+
+    kv_stages: int = 2
+    lazy_rescale: bool = True
+    s_gemm_fine: bool = True
+    s_gemm_python_unrolled: bool = False
+    backend: ClassVar[str] = "tma"
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    summary: str
+    module: str  # under cute_fa.kernels
+    class_name: str
+    key_type: type
+    min_major: int  # the oldest GPU generation it runs on
+
+    def supports(self, arch: str | Arch) -> bool:
+        arch = arch if isinstance(arch, Arch) else Arch.of_name(arch)
+        return arch.major >= self.min_major
+
+    def kernel_class(self):
+        return getattr(importlib.import_module(f"cute_fa.kernels.{self.module}"),
+                       self.class_name)
+
+    def build(self, key: KernelKey):
+        """The kernel object `cute.compile` traces for `key`."""
+        if type(key) is not self.key_type:
+            raise TypeError(f"backend {self.name!r} takes a {self.key_type.__name__}, "
+                            f"got {type(key).__name__}")
+        return self.kernel_class()(key)
+
+
+REGISTRY = {b.name: b for b in (
+    Backend("sm80", "cp.async + ldmatrix + mma.sync, any GPU from sm80 on", "fwd_sm80",
+            "FlashFwdSm80", Sm80Key, 8),
+    Backend("tma", "TMA + mbarrier K/V ring + ldmatrix + mma.sync, sm90 and newer", "fwd_tma",
+            "FlashFwdTma", TmaKey, 9),
+)}
+
+
+def backend_of(key: KernelKey) -> Backend:
+    return REGISTRY[key.backend]
+
+
+# (name, kind) of every forward kernel's arguments, in order. "qkvo": a (batch, seqlen, heads,
+# head_dim) tensor with dynamic extents, 16-byte aligned strides and a unit last stride;
+# "lse": float32 (batch, heads, seqlen); then scalars. The launch adds the stream.
+ARGUMENTS = (("q", "qkvo"), ("k", "qkvo"), ("v", "qkvo"), ("out", "qkvo"), ("lse", "lse"),
+             ("softmax_scale", "float32"), ("causal_offset", "int32"), ("write_lse", "int32"))

@@ -1,0 +1,49 @@
+"""sha256 of the PTX of every kernel the CPU compile tests build: run before and after a
+refactor that should not change generated code, and compare (python tests/ptx_hashes.py).
+
+The kernels are those of tests/test_compile_forward.py: the sm80 kernel on sm_80, sm_90a and
+sm_120a and the TMA kernel on sm_90a and sm_120a, for every head_dim class, dtype and
+causality of the tile tables, plus the padded and eager cases.
+"""
+
+import hashlib
+import re
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+from cute_fa.backends import Sm80Key
+from cute_fa.compiler import compile_kernel
+from cute_fa.tuning import TILES, kernel_key, tile_config
+
+
+def keys() -> list:
+    out = []
+    cases = [(limit, causal, dtype) for limit, causal in sorted(TILES)
+             for dtype in ("bfloat16", "float16")] + [(40, True, "bfloat16")]
+    for arch in ("sm_80", "sm_90a", "sm_120a"):
+        for head_dim, causal, dtype in cases:
+            out.append(Sm80Key(arch, causal, tile_config(arch, dtype, head_dim, causal)))
+    for arch in ("sm_90a", "sm_120a"):
+        for head_dim, causal, dtype in cases:
+            out.append(kernel_key(arch, dtype, head_dim, causal, "tma"))
+    out.append(kernel_key("sm_90a", "bfloat16", 128, False, "tma", lazy_rescale=False))
+    return out
+
+
+def ptx_hash(key) -> str:
+    """The hash of the PTX with the kernel's symbol replaced: the symbol spells the kernel
+    class's module path and argument types, which a move or a rename changes, not the code."""
+    ptx = compile_kernel(key, keep_ptx=True).__ptx__
+    for name in set(re.findall(r"\.entry\s+([A-Za-z0-9_$]+)", ptx)):
+        ptx = ptx.replace(name, "KERNEL")
+    return hashlib.sha256(ptx.encode()).hexdigest()[:16]
+
+
+if __name__ == "__main__":
+    all_keys = keys()
+    workers = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    with ProcessPoolExecutor(workers) as pool:
+        for key, digest in zip(all_keys, pool.map(ptx_hash, all_keys)):
+            print(digest, key.arch, key.backend, key.tile.head_dim, key.tile.dtype,
+                  "causal" if key.causal else "full", getattr(key, "kv_stages", 0),
+                  getattr(key, "lazy_rescale", False), key.ctas_per_sm, flush=True)
