@@ -66,7 +66,7 @@ class Backend:
         return arch.major >= self.min_major
 
     def kernel_class(self):
-        return getattr(importlib.import_module(f"cute_fa.kernels.{self.module}"),
+        return getattr(importlib.import_module(f"{__package__}.kernels.{self.module}"),
                        self.class_name)
 
     def build(self, key: KernelKey):

@@ -253,12 +253,17 @@ def test_lse_table():
 def test_source_table():
     rows = {path: names for _, path, names in wt.source_table()}
     assert rows["cute_fa/kernels/softmax.py"] == ["quad_allreduce", "OnlineSoftmax.step",
+                                                  "OnlineSoftmax.rescale_O",
                                                   "OnlineSoftmax.finalize"]
-    assert rows["cute_fa/kernels/mask.py"] == ["key_block_count", "apply_mask"]
+    assert rows["cute_fa/kernels/mask.py"] == ["apply_mask"]
+    assert rows["cute_fa/kernels/work.py"] == ["SingleTileScheduler", "BlockInfo"]
     assert rows["cute_fa/visibility.py"] == ["key_visible"]
     assert rows["cute_fa/layouts/mma.py"] == ["tiled_mma", "acc_rowcol_layout", "acc_to_a_layout",
                                               "row_reduce_offsets"]
-    assert rows["cute_fa/kernels/fwd_sm80.py"] == ["FlashFwdSm80.kernel", "FlashFwdSm80._round"]
+    assert rows["cute_fa/kernels/fwd_base.py"] == ["FlashFwdBase._round", "FlashFwdBase._rounds",
+                                                   "FlashFwdBase._epilogue"]
+    assert rows["cute_fa/kernels/fwd_sm80.py"] == ["FlashFwdSm80.kernel", "FlashFwdSm80.before_s",
+                                                   "FlashFwdSm80.after_softmax"]
     assert all((ROOT / path).is_file() for path in rows)
 
 

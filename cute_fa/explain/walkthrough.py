@@ -400,7 +400,8 @@ def lse_table():
 
 def _pieces():
     from .. import reference, visibility
-    from ..kernels import epilogue, fwd_sm80, fwd_tma, gemm, mask, softmax, thread_mma
+    from ..kernels import (epilogue, fwd_base, fwd_sm80, fwd_tma, gemm, mask, softmax,
+                           thread_mma, work)
     from ..layouts import config, copies, mma, smem
     from . import introspect
 
@@ -415,14 +416,20 @@ def _pieces():
          [mma.tiled_mma, mma.acc_rowcol_layout, mma.acc_to_a_layout, mma.row_reduce_offsets]),
         ("one thread's fragments and views (§7)", [thread_mma.thread_mma]),
         ("ldmatrix + mma.sync k-step loop (§6-§7)", [gemm.gemm_ldmatrix]),
-        ("causal mask, key blocks visited (§8)",
-         [mask.key_block_count, mask.apply_mask]),
+        ("causal mask and sequence tail on S (§8)", [mask.apply_mask]),
+        ("which tile a CTA computes, key blocks visited (§3, §8)",
+         [work.SingleTileScheduler, work.BlockInfo]),
         ("which key a query sees (§8)", [visibility.key_visible]),
         ("quad all-reduce, online softmax, LSE (§9-§10)",
-         [softmax.quad_allreduce, softmax.OnlineSoftmax.step, softmax.OnlineSoftmax.finalize]),
+         [softmax.quad_allreduce, softmax.OnlineSoftmax.step, softmax.OnlineSoftmax.rescale_O,
+          softmax.OnlineSoftmax.finalize]),
         ("O through smem, LSE store (§10)", [epilogue.store_O, epilogue.store_LSE]),
-        ("the sm80 kernel: one round",
-         [fwd_sm80.FlashFwdSm80.kernel, fwd_sm80.FlashFwdSm80._round]),
+        ("one K/V round, the loop over rounds, the epilogue",
+         [fwd_base.FlashFwdBase._round, fwd_base.FlashFwdBase._rounds,
+          fwd_base.FlashFwdBase._epilogue]),
+        ("the sm80 kernel: cp.async loads, waits, GEMM views",
+         [fwd_sm80.FlashFwdSm80.kernel, fwd_sm80.FlashFwdSm80.before_s,
+          fwd_sm80.FlashFwdSm80.after_softmax]),
         ("the TMA kernel", [fwd_tma.FlashFwdTma]),
         ("host-side introspection (every table here)", [introspect.FlashLayouts]),
         ("float64 reference (§2, §10)", [reference.attention, reference.flash_forward_tiles]),
@@ -711,7 +718,7 @@ Causal attention lets query q see only keys k ≤ q, aligned at the top left as 
 `cute_fa/kernels/mask.py`, for the kernels, the reference and the introspection. It acts twice.
 
 On whole blocks: a CTA does not visit the key blocks wholly in the future of all its queries
-(`mask.key_block_count`; the causal column in §3), so their loads, Q·Kᵀ and P̃·V never happen.
+(`work.BlockInfo.n_block_max`; the causal column in §3), so their loads, Q·Kᵀ and P̃·V never happen.
 Blocks wholly in the past need no mask. Only a block the diagonal crosses, here
 n_block = m_block, is masked element by element (as is the last key block when the sequence
 length is not a multiple of B_c): after its Q·Kᵀ, so the masked scores were computed anyway, and
@@ -782,14 +789,16 @@ What a thread carries from round to round:
 
 <<state>>
 
-In a round of `FlashFwdSm80._round`, after Q·Kᵀ and the mask, `OnlineSoftmax.step` works on the
-row views of S and O. For each of the thread's rows:
+In a round (`FlashFwdBase._round`), after Q·Kᵀ and the mask, `OnlineSoftmax.step` works on the
+row view of S, and `OnlineSoftmax.rescale_O` then applies the factors it returns to O's row view.
+For each of the thread's rows:
 
 1. m_new = max(m_old, its scores), then the quad max all-reduce (§9); with m_old taking part, this
    is max(m_old, the round's whole row).
 2. P̃ = exp(s·(S − m_new)) for its scores, in place in the S registers; masked −∞ become 0.
-3. α = exp(s·(m_old − m_new)); its share of ℓ becomes α·ℓ + its sum of P̃, and its values of O are
-   multiplied by α. In the first round m_old = −∞, so α = 0 on an ℓ and O of 0: no special case.
+3. α = exp(s·(m_old − m_new)); its share of ℓ becomes α·ℓ + its sum of P̃, and (`rescale_O`) its
+   values of O are multiplied by α. In the first round m_old = −∞, so α = 0 on an ℓ and O of 0: no
+   special case.
 
 The S registers are then converted to fp16 and P̃·V adds the round's share into O (§7). Between
 the softmax and P̃·V the kernel waits for the V tile, loading since before Q·Kᵀ, and starts the

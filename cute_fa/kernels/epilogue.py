@@ -66,7 +66,7 @@ def write_outputs(cfg: cutlass.Constexpr, f, sQ: cute.Tensor, mO: cute.Tensor, m
                   batch, head, m_block, seqlen_q, query0, write_lse, tidx):
     """The end of every forward kernel: normalise O, store it and, if asked, LSE.
 
-    f is the thread's `thread_mma` view; query0 the global row of its first S row.
+    f is the thread's `thread_mma.ThreadMma`; query0 the global row of its first S row.
     """
     bm, dp = cfg.block_m, cfg.head_dim_padded
     lse = cute.make_rmem_tensor(cute.size(f.softmax.row_max), cutlass.Float32)

@@ -17,7 +17,9 @@ it (a barrier fences them): hoisted, they held V fragments live across the softm
 and spilled ~200 bytes at head_dim 128, for the same speed.
 
 then O is normalised, written through smem (reusing sQ) with 128-bit stores, and
-LSE is written. Every layout, copy and MMA comes from `cute_fa.layouts`.
+LSE is written. The round and the epilogue are `fwd_base.FlashFwdBase`'s; this file supplies
+the cp.async loads, the waits and the GEMMs' smem views. Every layout, copy and MMA comes
+from `cute_fa.layouts`.
 
 Tensors: Q, O (B, Sq, Hq, D); K, V (B, Sk, Hk, D); LSE (B, Hq, Sq) float32, written
 only when write_lse != 0.
@@ -31,24 +33,34 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.memory
 
+from dataclasses import dataclass
+
 from ..backends import Sm80Key
-from ..layouts import copies, mma as mma_mod, smem
-from ..layouts._types import cutlass_dtype
-from . import epilogue, mask
+from ..layouts import copies, smem
+from .fwd_base import FlashFwdBase, RoundContext, RoundSlot
 from .gemm import gemm_ldmatrix
-from .launch import occupancy_options
 from .softmax import LOG2_E
 from .thread_mma import thread_mma
+from .work import SeqlenInfo
 
 
 
-class FlashFwdSm80:
+@dataclass(frozen=True)
+class Sm80Loads:
+    """The cp.async side of a round: the tiled copy and the K/V tiles it moves (gmem source,
+    smem destination, identity coordinates of a tile's rows)."""
+
+    g2s: object
+    tKgK: object
+    tKsK: object
+    tVgV: object
+    tVsV: object
+    tKVcKV: object
+
+
+class FlashFwdSm80(FlashFwdBase):
     def __init__(self, key: Sm80Key):
-        cfg = key.tile
-        self.cfg = cfg
-        self.causal = key.causal
-        self.ctas_per_sm = key.ctas_per_sm
-        self.mask_steps = mask.masked_round_count(cfg.block_m, cfg.block_n, key.causal)
+        super().__init__(key)
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
@@ -59,12 +71,10 @@ class FlashFwdSm80:
         sKV_layout = smem.smem_layout_kv(cfg)
         SharedStorage = smem.shared_storage(cfg)
 
-        grid = (cute.ceil_div(mQ.shape[1], cfg.block_m), cute.size(mQ.shape[2]),
-                cute.size(mQ.shape[0]))
-        self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset, write_lse,
-                    sQ_layout, sKV_layout, SharedStorage).launch(
-            grid=grid, block=(cfg.num_threads, 1, 1), smem=SharedStorage.size_in_bytes(),
-            stream=stream, **occupancy_options(self.ctas_per_sm))
+        grid = self.scheduler.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0])
+        self._launch(self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset,
+                                 write_lse, sQ_layout, sKV_layout, SharedStorage),
+                     grid, SharedStorage, stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
@@ -74,17 +84,16 @@ class FlashFwdSm80:
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
-        seqlen_q = mQ.shape[1]
-        seqlen_k = mK.shape[1]
+        seqlen = SeqlenInfo(mQ.shape[1], mK.shape[1])
         # K/V tiles are walked from n_block_max - 1 down to 0
-        m_block, head, batch, head_kv, n_block_max = mask.cta_work(
-            seqlen_k, mQ.shape[2], mK.shape[2], bm, bn, causal_offset, self.causal)
+        tile, n_block_max = self._work(mQ.shape[2], mK.shape[2], seqlen, causal_offset)
+        m_block, head, batch, head_kv = tile.m_block, tile.head, tile.batch, tile.head_kv
 
         gQ = cute.local_tile(mQ[batch, None, head, None], (bm, dp), (m_block, 0))
         gK = cute.local_tile(mK[batch, None, head_kv, None], (bn, dp), (None, 0))
         gV = cute.local_tile(mV[batch, None, head_kv, None], (bn, dp), (None, 0))
-        cQ = cute.local_tile(cute.make_identity_tensor((seqlen_q, cfg.head_dim)), (bm, dp),
-                             (m_block, 0))
+        cQ = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_q, cfg.head_dim)),
+                             (bm, dp), (m_block, 0))
         cKV = cute.make_identity_tensor((bn, dp))
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
@@ -98,37 +107,26 @@ class FlashFwdSm80:
         tQgQ = thr_g2s.partition_S(gQ)
         tQsQ = thr_g2s.partition_D(sQ)
         tQcQ = thr_g2s.partition_S(cQ)
-        tKgK = thr_g2s.partition_S(gK)
-        tKsK = thr_g2s.partition_D(sK)
-        tVgV = thr_g2s.partition_S(gV)
-        tVsV = thr_g2s.partition_D(sV)
-        tKVcKV = thr_g2s.partition_S(cKV)
+        loads = Sm80Loads(g2s, thr_g2s.partition_S(gK), thr_g2s.partition_D(sK),
+                          thr_g2s.partition_S(gV), thr_g2s.partition_D(sV),
+                          thr_g2s.partition_S(cKV))
 
         # Q: rows past seqlen_q are zeros
         for m in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
-            if tQcQ[0, m, 0][0] < seqlen_q:
+            if tQcQ[0, m, 0][0] < seqlen.seqlen_q:
                 self._copy_row(g2s, tQgQ[None, m, None], tQsQ[None, m, None], tQcQ[None, m, None])
             else:
                 tQsQ[None, m, None].fill(0.0)
 
-        f = thread_mma(cfg, tidx, sQ, sK, sVt, sK, sVt, scale_log2)
+        thr = thread_mma(cfg, tidx, sQ, sK, sVt, sK, sVt, scale_log2)
         if n_block_max > 0:
-            self._load_kv(g2s, tKgK, tKsK, tKVcKV, n_block_max - 1, seqlen_k, True)
+            self._load_kv(g2s, loads.tKgK, loads.tKsK, loads.tKVcKV, n_block_max - 1,
+                          seqlen.seqlen_k, True)
         cute.arch.cp_async_commit_group()
 
-        query0 = m_block * bm + f.row0
-        mask_at = (f.row_offsets, f.col_offsets, query0, f.col0)
-        args = (f.tiled_mma, f.thr_mma, g2s, tKgK, tKsK, tVgV, tVsV, tKVcKV, f.tSrQ, f.tSrK,
-                f.tOrVt, f.ldsm, f.s2r_q, f.s2r_k, f.s2r_v, f.acc_O, f.acc_O_mn, mask_at,
-                f.softmax, seqlen_k, causal_offset)
-        # one loop body for every round (one copy of it to trace and compile): the rounds
-        # that may need masking come first and mask under a uniform branch
-        n_masked = cutlass.min(n_block_max, self.mask_steps)
-        for step in range(0, n_block_max, 1):
-            self._round(n_block_max - 1 - step, step < n_masked, *args)
-
-        epilogue.write_outputs(cfg, f, sQ, mO, mLSE, batch, head, m_block, seqlen_q, query0,
-                               write_lse, tidx)
+        ctx = self._context(thr, m_block, seqlen, causal_offset, n_block_max, loads)
+        self._rounds(ctx)
+        self._epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx)
 
     @cute.jit
     def _copy_row(self, g2s: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
@@ -159,50 +157,45 @@ class FlashFwdSm80:
                 self._copy_row(g2s, tXgX[None, m, None, n_block], tXsX[None, m, None],
                                tKVcKV[None, m, None])
 
-    @cute.jit
-    def _round(self, n_block, masked,
-               tiled_mma: cute.TiledMma, thr_mma, g2s: cute.TiledCopy, tKgK: cute.Tensor,
-               tKsK: cute.Tensor, tVgV: cute.Tensor, tVsV: cute.Tensor, tKVcKV: cute.Tensor,
-               tSrQ: cute.Tensor, tSrK: cute.Tensor, tOrVt: cute.Tensor, ldsm: dict,
-               s2r_q: cute.TiledCopy, s2r_k: cute.TiledCopy, s2r_v: cute.TiledCopy,
-               acc_O: cute.Tensor, acc_O_mn: cute.Tensor, mask_at: tuple, softmax, seqlen_k,
-               causal_offset):
-        cfg = self.cfg
-        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((cfg.block_m, cfg.block_n)),
-                                      cutlass.Float32)
-        acc_S.fill(0.0)
+    # ---- the round's hooks (fwd_base.FlashFwdBase._round) ----
 
+    def round_slot(self, ctx: RoundContext, i) -> RoundSlot:
+        return RoundSlot(i, ctx.n_block_max - 1 - i)
+
+    @cute.jit
+    def before_s(self, ctx: RoundContext, slot: RoundSlot, masked):
+        """K of this round has landed (every thread's copies: a CTA barrier); start V's."""
+        ld = ctx.loads
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
         # only the first round's tile can cross seqlen_k; predicating every round's rows
         # measured 2-5% slower at head_dim 128 on the H200
         if masked:
-            self._load_kv(g2s, tVgV, tVsV, tKVcKV, n_block, seqlen_k, True)
+            self._load_kv(ld.g2s, ld.tVgV, ld.tVsV, ld.tKVcKV, slot.n_block, ctx.seqlen.seqlen_k,
+                          True)
         else:
-            self._load_kv(g2s, tVgV, tVsV, tKVcKV, n_block, seqlen_k, False)
+            self._load_kv(ld.g2s, ld.tVgV, ld.tVsV, ld.tKVcKV, slot.n_block, ctx.seqlen.seqlen_k,
+                          False)
         cute.arch.cp_async_commit_group()
 
-        tSsQ, tSrQ_view = ldsm["tSsQ"], ldsm["tSrQ_view"]
-        tSsK, tSrK_view = ldsm["tSsK"], ldsm["tSrK_view"]
-        gemm_ldmatrix(tiled_mma, acc_S, tSrQ, tSrK, s2r_k, tSsK, tSrK_view, s2r_q, tSsQ, tSrQ_view,
+    def gemm_s(self, ctx: RoundContext, slot: RoundSlot, acc_S):
+        thr = ctx.thr
+        gemm_ldmatrix(thr.tiled_mma, acc_S, thr.tSrQ, thr.tSrK, thr.s2r_k, thr.ldsm["tSsK"],
+                      thr.ldsm["tSrK_view"], thr.s2r_q, thr.ldsm["tSsQ"], thr.ldsm["tSrQ_view"],
                       fine=False)
 
-        acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
-        if masked:
-            row_offsets, col_offsets, query0, col0 = mask_at
-            mask.apply_mask(acc_S_mn, row_offsets, col_offsets, query0,
-                            n_block * cfg.block_n + col0, seqlen_k, causal_offset, self.causal)
-
-        softmax.step(acc_S_mn, acc_O_mn)
-
+    @cute.jit
+    def after_softmax(self, ctx: RoundContext, slot: RoundSlot):
+        """V has landed; start the next round's K under P @ V."""
+        ld = ctx.loads
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
-        if n_block > 0:
-            self._load_kv(g2s, tKgK, tKsK, tKVcKV, n_block - 1, seqlen_k, False)
+        if slot.n_block > 0:
+            self._load_kv(ld.g2s, ld.tKgK, ld.tKsK, ld.tKVcKV, slot.n_block - 1,
+                          ctx.seqlen.seqlen_k, False)
         cute.arch.cp_async_commit_group()
 
-        rP = cute.make_fragment_like(acc_S, cutlass_dtype(cfg.dtype))
-        rP.store(acc_S.load().to(cutlass_dtype(cfg.dtype)))
-        tOrP = cute.make_tensor(rP.iterator, mma_mod.acc_to_a_layout(rP.layout))
-        tOsVt, tOrVt_view = ldsm["tOsVt"], ldsm["tOrVt_view"]
-        gemm_ldmatrix(tiled_mma, acc_O, tOrP, tOrVt, s2r_v, tOsVt, tOrVt_view)
+    def gemm_o(self, ctx: RoundContext, slot: RoundSlot, tOrP):
+        thr = ctx.thr
+        gemm_ldmatrix(thr.tiled_mma, thr.acc_O, tOrP, thr.tOrVt, thr.s2r_v, thr.ldsm["tOsVt"],
+                      thr.ldsm["tOrVt_view"])

@@ -21,7 +21,8 @@ last one down):
 
 so a tile has kv_stages - 1 whole rounds to land, V's wait comes after the
 softmax (V keeps landing while Q @ K^T and the softmax run), and no round ends in a
-CTA-wide barrier:
+CTA-wide barrier (the round itself is `fwd_base.FlashFwdBase`'s; the waits, the GEMMs' stage
+views and the refill are this file's hooks):
 only warp 0 waits for the slowest warp, the others run ahead into the next
 stage.
 """
@@ -33,33 +34,47 @@ import cutlass.cute as cute
 import cutlass.memory
 from cutlass.cute.nvgpu import cpasync
 
+from dataclasses import dataclass
+
 from ..backends import TmaKey
-from ..layouts import mma as mma_mod, ring, smem, tma
-from ..layouts._types import cutlass_dtype
-from . import epilogue, mask
+from ..layouts import ring, smem, tma
+from .fwd_base import FlashFwdBase, RoundContext, RoundSlot
 from .gemm import gemm_ldmatrix
-from .launch import occupancy_options
 from .softmax import LOG2_E
 from .thread_mma import thread_mma
+from .work import SeqlenInfo
 
 # log2 units: O is rescaled once the pending factor would drop below 2^-8 (softmax.py says why
 # that is safe)
 LAZY_RESCALE_THRESHOLD = 8.0
 
 
-class FlashFwdTma:
+@dataclass(frozen=True)
+class TmaLoads:
+    """The TMA side of a round: the K and V copy atoms and partitions (gmem source, smem ring
+    destination), the ring's mbarriers (K landed, V landed, stage empty) and a tile's bytes."""
+
+    tma_atom_K: object
+    tKgK: object
+    tKsK: object
+    bar_K: object
+    tma_atom_V: object
+    tVgV: object
+    tVsV: object
+    bar_V: object
+    bar_E: object
+    tile_bytes: int
+
+
+class FlashFwdTma(FlashFwdBase):
     def __init__(self, key: TmaKey):
         if key.kv_stages < 1:
             raise ValueError(f"kv_stages must be at least 1, got {key.kv_stages}")
-        cfg = key.tile
-        self.cfg = cfg
-        self.causal = key.causal
+        super().__init__(key)
         self.kv_stages = key.kv_stages
-        self.ctas_per_sm = key.ctas_per_sm
         self.s_gemm_fine = key.s_gemm_fine
         self.s_gemm_python_unrolled = key.s_gemm_python_unrolled
         self.lazy_threshold = LAZY_RESCALE_THRESHOLD if key.lazy_rescale else None
-        self.mask_steps = mask.masked_round_count(cfg.block_m, cfg.block_n, key.causal)
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
@@ -72,13 +87,11 @@ class FlashFwdTma:
         sQ_layout = smem.smem_layout_q(cfg)
         sKV_layout = smem.smem_layout_kv(cfg, self.kv_stages)
         Storage = smem.shared_storage(cfg, self.kv_stages)
-        grid = (cute.ceil_div(mQ.shape[1], cfg.block_m), cute.size(mQ.shape[2]),
-                cute.size(mQ.shape[0]))
-        self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
-                    softmax_scale * LOG2_E, causal_offset, write_lse, sQ_layout, sKV_layout,
-                    Storage).launch(grid=grid, block=(cfg.num_threads, 1, 1),
-                                    smem=Storage.size_in_bytes(), stream=stream,
-                                    **occupancy_options(self.ctas_per_sm))
+        grid = self.scheduler.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0])
+        self._launch(self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO,
+                                 mLSE, softmax_scale * LOG2_E, causal_offset, write_lse,
+                                 sQ_layout, sKV_layout, Storage),
+                     grid, Storage, stream)
 
     @cute.kernel
     def kernel(self, tma_atom_Q: cute.CopyAtom, tma_Q: cute.Tensor, tma_atom_K: cute.CopyAtom,
@@ -92,10 +105,9 @@ class FlashFwdTma:
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
         # TMA order: (seqlen, head_dim, heads, batch)
-        seqlen_q = tma_Q.shape[0]
-        seqlen_k = tma_K.shape[0]
-        m_block, head, batch, head_kv, n_block_max = mask.cta_work(
-            seqlen_k, tma_Q.shape[2], tma_K.shape[2], bm, bn, causal_offset, self.causal)
+        seqlen = SeqlenInfo(tma_Q.shape[0], tma_K.shape[0])
+        tile, n_block_max = self._work(tma_Q.shape[2], tma_K.shape[2], seqlen, causal_offset)
+        m_block, head, batch, head_kv = tile.m_block, tile.head, tile.batch, tile.head_kv
 
         storage = cutlass.memory.SmemAllocator().allocate(Storage)
         sQ = storage.sQ.get_tensor(sQ_layout)
@@ -122,6 +134,8 @@ class FlashFwdTma:
         tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one_cta, cute.group_modes(sV_tma, 0, 2),
                                            cute.group_modes(gV, 0, 2))
         box_Q, box_KV = tma.tma_box(cfg, "Q"), tma.tma_box(cfg, "K")
+        loads = TmaLoads(tma_atom_K, tKgK, tKsK, bar_K, tma_atom_V, tVgV, tVsV, bar_V, bar_E,
+                         box_KV.tile_bytes)
 
         # warp 0 issues every TMA command: a warp-uniform branch, which keeps ptxas from
         # spilling around it (a plain tidx == 0 branch in the main loop cost kilobytes of
@@ -147,82 +161,62 @@ class FlashFwdTma:
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=bar_Q)
             for i in cutlass.range_constexpr(stages):
                 if i < n_block_max:
-                    self._load_kv(i, n_block_max - 1 - i, tma_atom_K, tKgK, tKsK, bar_K,
-                                  tma_atom_V, tVgV, tVsV, bar_V, box_KV.tile_bytes)
+                    self._load_kv(loads, i, n_block_max - 1 - i)
 
-        f = thread_mma(cfg, tidx, sQ, sK, sVt, sK[None, None, 0], sVt[None, None, 0], scale_log2,
-                       self.lazy_threshold)
+        thr = thread_mma(cfg, tidx, sQ, sK, sVt, sK[None, None, 0], sVt[None, None, 0],
+                         scale_log2, self.lazy_threshold)
 
         # Q has landed before anyone reads it; also before the epilogue reuses its
         # buffer for O, so that no TMA write can land on top of O
         cute.arch.mbarrier_wait(bar_Q, 0)
 
-        query0 = m_block * bm + f.row0
-        mask_at = (f.row_offsets, f.col_offsets, query0, f.col0)
-        args = (n_block_max, f.tiled_mma, f.thr_mma, tma_atom_K, tKgK, tKsK, bar_K, tma_atom_V,
-                tVgV, tVsV, bar_V, bar_E, box_KV.tile_bytes, f.tSrQ, f.tSrK, f.tOrVt, f.ldsm,
-                f.s2r_q, f.s2r_k, f.s2r_v, f.acc_O, f.acc_O_mn, mask_at, f.softmax, seqlen_k,
-                causal_offset, tidx)
-        # one loop body for every round (one copy of it to trace and compile): the rounds
-        # that may need masking come first and mask under a uniform branch
-        n_masked = cutlass.min(n_block_max, self.mask_steps)
-        for i in range(0, n_block_max, 1):
-            self._round(i, i < n_masked, *args)
-
-        epilogue.write_outputs(cfg, f, sQ, mO, mLSE, batch, head, m_block, seqlen_q, query0,
-                               write_lse, tidx)
+        ctx = self._context(thr, m_block, seqlen, causal_offset, n_block_max, loads)
+        self._rounds(ctx)
+        self._epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx)
 
     @cute.jit
-    def _load_kv(self, round_index, n_block, tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor,
-                 tKsK: cute.Tensor, bar_K, tma_atom_V: cute.CopyAtom, tVgV: cute.Tensor,
-                 tVsV: cute.Tensor, bar_V, tile_bytes: cutlass.Constexpr):
+    def _load_kv(self, ld: TmaLoads, round_index, n_block):
         """Warp 0: start the K and V tiles of key block n_block into the round's stage."""
         stage, _ = ring.ring_slot(round_index, self.kv_stages)
         with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(bar_K + stage, tile_bytes)
-            cute.arch.mbarrier_arrive_and_expect_tx(bar_V + stage, tile_bytes)
-        cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, stage], tma_bar_ptr=bar_K + stage)
-        cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, stage], tma_bar_ptr=bar_V + stage)
+            cute.arch.mbarrier_arrive_and_expect_tx(ld.bar_K + stage, ld.tile_bytes)
+            cute.arch.mbarrier_arrive_and_expect_tx(ld.bar_V + stage, ld.tile_bytes)
+        cute.copy(ld.tma_atom_K, ld.tKgK[None, n_block], ld.tKsK[None, stage],
+                  tma_bar_ptr=ld.bar_K + stage)
+        cute.copy(ld.tma_atom_V, ld.tVgV[None, n_block], ld.tVsV[None, stage],
+                  tma_bar_ptr=ld.bar_V + stage)
 
-    @cute.jit
-    def _round(self, i, masked, n_block_max,
-               tiled_mma: cute.TiledMma, thr_mma, tma_atom_K: cute.CopyAtom, tKgK: cute.Tensor,
-               tKsK: cute.Tensor, bar_K, tma_atom_V: cute.CopyAtom, tVgV: cute.Tensor,
-               tVsV: cute.Tensor, bar_V, bar_E, tile_bytes: cutlass.Constexpr, tSrQ: cute.Tensor,
-               tSrK: cute.Tensor, tOrVt: cute.Tensor, ldsm: dict, s2r_q: cute.TiledCopy,
-               s2r_k: cute.TiledCopy, s2r_v: cute.TiledCopy, acc_O: cute.Tensor,
-               acc_O_mn: cute.Tensor, mask_at: tuple, softmax, seqlen_k, causal_offset, tidx):
-        cfg = self.cfg
-        n_block = n_block_max - 1 - i
+    # ---- the round's hooks (fwd_base.FlashFwdBase._round) ----
+
+    def round_slot(self, ctx: RoundContext, i) -> RoundSlot:
+        n_block = ctx.n_block_max - 1 - i
         stage, phase = ring.ring_slot(i, self.kv_stages)
-        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((cfg.block_m, cfg.block_n)),
-                                      cutlass.Float32)
-        acc_S.fill(0.0)
+        return RoundSlot(i, n_block, stage, phase)
 
-        cute.arch.mbarrier_wait(bar_K + stage, phase)
+    def before_s(self, ctx: RoundContext, slot: RoundSlot, masked):
+        cute.arch.mbarrier_wait(ctx.loads.bar_K + slot.stage, slot.phase)
+
+    def gemm_s(self, ctx: RoundContext, slot: RoundSlot, acc_S):
+        thr = ctx.thr
         # how the k-loop loads and unrolls is the key's (tuning picks the spill-free choice)
-        gemm_ldmatrix(tiled_mma, acc_S, tSrQ, tSrK, s2r_k, ldsm["tSsK"][None, None, None, stage],
-                      ldsm["tSrK_view"], s2r_q, ldsm["tSsQ"], ldsm["tSrQ_view"],
+        gemm_ldmatrix(thr.tiled_mma, acc_S, thr.tSrQ, thr.tSrK, thr.s2r_k,
+                      thr.ldsm["tSsK"][None, None, None, slot.stage], thr.ldsm["tSrK_view"],
+                      thr.s2r_q, thr.ldsm["tSsQ"], thr.ldsm["tSrQ_view"],
                       fine=self.s_gemm_fine, python_unrolled=self.s_gemm_python_unrolled)
 
-        acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
-        if masked:
-            row_offsets, col_offsets, query0, col0 = mask_at
-            mask.apply_mask(acc_S_mn, row_offsets, col_offsets, query0,
-                            n_block * cfg.block_n + col0, seqlen_k, causal_offset, self.causal)
-        softmax.step(acc_S_mn, acc_O_mn)
+    def before_pv(self, ctx: RoundContext, slot: RoundSlot):
+        cute.arch.mbarrier_wait(ctx.loads.bar_V + slot.stage, slot.phase)
 
-        rP = cute.make_fragment_like(acc_S, cutlass_dtype(cfg.dtype))
-        rP.store(acc_S.load().to(cutlass_dtype(cfg.dtype)))
-        tOrP = cute.make_tensor(rP.iterator, mma_mod.acc_to_a_layout(rP.layout))
-        cute.arch.mbarrier_wait(bar_V + stage, phase)
-        gemm_ldmatrix(tiled_mma, acc_O, tOrP, tOrVt, s2r_v, ldsm["tOsVt"][None, None, None, stage],
-                      ldsm["tOrVt_view"])
+    def gemm_o(self, ctx: RoundContext, slot: RoundSlot, tOrP):
+        thr = ctx.thr
+        gemm_ldmatrix(thr.tiled_mma, thr.acc_O, tOrP, thr.tOrVt, thr.s2r_v,
+                      thr.ldsm["tOsVt"][None, None, None, slot.stage], thr.ldsm["tOrVt_view"])
 
-        # this thread is done with the stage; once every thread is, warp 0 refills it
-        cute.arch.mbarrier_arrive(bar_E + stage)
+    @cute.jit
+    def after_round(self, ctx: RoundContext, slot: RoundSlot):
+        """This thread is done with the stage; once every thread is, warp 0 refills it."""
+        cute.arch.mbarrier_arrive(ctx.loads.bar_E + slot.stage)
         if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
-            if i + self.kv_stages < n_block_max:
-                cute.arch.mbarrier_wait(bar_E + stage, phase)
-                self._load_kv(i + self.kv_stages, n_block - self.kv_stages, tma_atom_K, tKgK,
-                              tKsK, bar_K, tma_atom_V, tVgV, tVsV, bar_V, tile_bytes)
+            if slot.i + self.kv_stages < ctx.n_block_max:
+                cute.arch.mbarrier_wait(ctx.loads.bar_E + slot.stage, slot.phase)
+                self._load_kv(ctx.loads, slot.i + self.kv_stages, slot.n_block - self.kv_stages)

@@ -15,6 +15,7 @@ uniform.
 """
 
 import math
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
@@ -38,6 +39,15 @@ def _add(a, b):
     return a + b
 
 
+@dataclass(frozen=True)
+class RowScale:
+    """What one round of the online softmax asks of O: alphas[r] multiplies row r; growth is
+    the largest max increase of the thread's rows (log2 units), for the lazy rule."""
+
+    alphas: tuple
+    growth: object = None
+
+
 class OnlineSoftmax:
     def __init__(self, num_rows: int, scale_log2, reduce_offsets, lazy_threshold=None):
         self.scale_log2 = scale_log2
@@ -49,8 +59,10 @@ class OnlineSoftmax:
         self.row_sum.fill(0.0)
 
     @cute.jit
-    def step(self, acc_S_mn: cute.Tensor, acc_O_mn: cute.Tensor):
-        """Turn this round's scores into weights in place and rescale O and the row sums.
+    def step(self, acc_S_mn: cute.Tensor):
+        """Turn this round's scores into weights in place, update the row max and sums, and
+        return the factor O's rows must be multiplied by (`rescale_O`), which the kernel
+        schedules where it fits (an O still being accumulated cannot be rescaled yet).
 
         The first round needs no special case: its rescale factor exp2(-inf) is 0, on an
         O and row sums of 0."""
@@ -75,18 +87,23 @@ class OnlineSoftmax:
             row_sum = p.reduce(cute.ReductionOp.ADD, cutlass.Float32.zero, 0)
             alpha = cute.math.exp2(m_prev * self.scale_log2 - m_scaled, fastmath=True)
             row_sum = row_sum + self.row_sum[r] * alpha
-            if cutlass.const_expr(lazy):
-                alphas.append(alpha)  # 1 for a row that kept its max
-            else:
-                acc_O_mn[r, None] = acc_O_mn[r, None].load() * alpha
+            alphas.append(alpha)  # 1 for a row that kept its (stale) max
             self.row_max[r] = m_cur
             self.row_sum[r] = row_sum
             acc_S_mn[r, None] = p
-        if cutlass.const_expr(lazy):
-            # one warp-uniform branch: O is rescaled only if some row of the warp moved on
-            if cute.arch.vote_any_sync(growth > self.lazy_threshold):
+        return RowScale(tuple(alphas), growth)
+
+    @cute.jit
+    def rescale_O(self, acc_O_mn: cute.Tensor, scale: RowScale):
+        """O's rows times this round's factors. Lazy: only if some row of the warp moved its
+        max, a warp-uniform branch (one vote), since most late rounds move none."""
+        if cutlass.const_expr(self.lazy_threshold is not None):
+            if cute.arch.vote_any_sync(scale.growth > self.lazy_threshold):
                 for r in cutlass.range_constexpr(cute.size(self.row_max)):
-                    acc_O_mn[r, None] = acc_O_mn[r, None].load() * alphas[r]
+                    acc_O_mn[r, None] = acc_O_mn[r, None].load() * scale.alphas[r]
+        else:
+            for r in cutlass.range_constexpr(cute.size(self.row_max)):
+                acc_O_mn[r, None] = acc_O_mn[r, None].load() * scale.alphas[r]
 
     @cute.jit
     def finalize(self, acc_O_mn: cute.Tensor, lse: cute.Tensor):

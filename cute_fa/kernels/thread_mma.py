@@ -7,7 +7,7 @@ and their smem/register views, the constant row/column offsets of its S accumula
 Python, called while a kernel is traced.
 """
 
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
@@ -16,8 +16,34 @@ from ..layouts import TileConfig, _read, copies, mma as mma_mod
 from .softmax import OnlineSoftmax
 
 
+@dataclass(frozen=True)
+class ThreadMma:
+    """One thread's MMA state: the TiledMMA and its slice, the register fragments and O
+    accumulator (with its row view), the ldmatrix copies and their smem/register views (ldsm),
+    where its S accumulator sits in the tile (row0/col0 and constant row/column offsets), the
+    row all-reduce offsets, and the online softmax over its rows."""
+
+    tiled_mma: object
+    thr_mma: object
+    tSrQ: object
+    tSrK: object
+    tOrVt: object
+    acc_O: object
+    acc_O_mn: object
+    s2r_q: object
+    s2r_k: object
+    s2r_v: object
+    ldsm: dict
+    row0: object
+    col0: object
+    row_offsets: tuple
+    col_offsets: tuple
+    reduce_offsets: tuple
+    softmax: OnlineSoftmax
+
+
 def thread_mma(cfg: TileConfig, tidx, sQ, sK, sVt, sK_one, sVt_one, scale_log2,
-               lazy_threshold=None) -> SimpleNamespace:
+               lazy_threshold=None) -> ThreadMma:
     """sK/sVt may carry a stage mode (the TMA ring); sK_one/sVt_one are one stage of them."""
     bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
     tiled_mma = mma_mod.tiled_mma(cfg)
@@ -49,7 +75,7 @@ def thread_mma(cfg: TileConfig, tidx, sQ, sK, sVt, sK_one, sVt_one, scale_log2,
     rc_offsets = _read.offsets(tScS_mn.layout, 2)
     n_rows = cute.size(tScS_mn.shape[0])
     offsets = mma_mod.row_reduce_offsets(tiled_mma)
-    return SimpleNamespace(
+    return ThreadMma(
         tiled_mma=tiled_mma, thr_mma=thr_mma, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O,
         acc_O_mn=cute.make_tensor(acc_O.iterator, mma_mod.acc_rowcol_layout(acc_O.layout)),
         s2r_q=s2r_q, s2r_k=s2r_k, s2r_v=s2r_v, ldsm=ldsm, row0=row0, col0=col0,

@@ -1,0 +1,158 @@
+"""The forward kernels' skeleton: what every FlashAttention-2 forward variant does the same way.
+
+`FlashFwdBase` owns the launch (grid from the tile scheduler, block, shared memory), the work
+of a CTA (`work.py`: scheduler tile, sequence lengths, key blocks), the loop over K/V rounds
+and one round
+
+    slot     = round_slot(i)            which key block (and ring stage) round i uses
+    before_s                            variant: wait for K (and start V's load)
+    S = Q K^T                           variant: gemm_s
+    mask (first rounds only)            mask.apply_mask: the score transform
+    online softmax -> row scale; rescale O
+    after_softmax                       variant: (sm80) wait for V, start the next K
+    P = S in the input dtype, as the A operand of the next MMA (registers, no smem)
+    before_pv                           variant: (TMA) wait for V
+    O += P V                            variant: gemm_o
+    after_round                         variant: (TMA) free the stage, refill it
+
+and the epilogue (normalise O, store O and LSE). A variant (one file each: fwd_sm80.py,
+fwd_tma.py) supplies its shared-memory loads, its waits and its GEMMs' smem views through
+those hooks, and its own prologue (how Q and the first K/V tiles arrive). State travels in
+`RoundContext`, a frozen object, not in positional tuples.
+"""
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+
+from ..layouts import mma as mma_mod
+from ..layouts._types import cutlass_dtype
+from . import epilogue, mask
+from .launch import occupancy_options
+from .thread_mma import ThreadMma
+from .work import BlockInfo, SeqlenInfo, SingleTileScheduler
+
+
+@dataclass(frozen=True)
+class MaskCoords:
+    """Where this thread's S accumulator sits: global query of its first row (query0), tile
+    column of its first column (col0), and the constant offsets of its rows and columns."""
+
+    row_offsets: tuple
+    col_offsets: tuple
+    query0: object
+    col0: object
+
+
+@dataclass(frozen=True)
+class RoundSlot:
+    """Round i's key block, and for a ring its stage and the mbarrier phase to wait for."""
+
+    i: object
+    n_block: object
+    stage: object = None
+    phase: object = None
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What every round reads: the thread's MMA state, its mask coordinates, the lengths, the
+    number of key blocks, and the variant's load state (`loads`)."""
+
+    thr: ThreadMma
+    mask_at: MaskCoords
+    seqlen: SeqlenInfo
+    causal_offset: object
+    n_block_max: object
+    loads: object
+
+
+class FlashFwdBase:
+    def __init__(self, key):
+        cfg = key.tile
+        self.cfg = cfg
+        self.causal = key.causal
+        self.ctas_per_sm = key.ctas_per_sm
+        self.scheduler = SingleTileScheduler(cfg.block_m, key.causal)
+        self.block_info = BlockInfo(cfg.block_m, cfg.block_n, key.causal)
+        self.mask_steps = self.block_info.masked_rounds()
+
+    def _launch(self, kernel_call, grid, storage, stream):
+        kernel_call.launch(grid=grid, block=(self.cfg.num_threads, 1, 1),
+                           smem=storage.size_in_bytes(), stream=stream,
+                           **occupancy_options(self.ctas_per_sm))
+
+    def _work(self, heads_q, heads_kv, seqlen: SeqlenInfo, causal_offset):
+        """(tile, n_block_max) of this CTA."""
+        tile = self.scheduler.tile(heads_q, heads_kv)
+        return tile, self.block_info.n_block_max(seqlen, tile.m_block, causal_offset)
+
+    def _context(self, thr: ThreadMma, m_block, seqlen: SeqlenInfo, causal_offset,
+                 n_block_max, loads) -> RoundContext:
+        query0 = m_block * self.cfg.block_m + thr.row0
+        return RoundContext(thr, MaskCoords(thr.row_offsets, thr.col_offsets, query0, thr.col0),
+                            seqlen, causal_offset, n_block_max, loads)
+
+    @cute.jit
+    def _rounds(self, ctx: RoundContext):
+        """Every K/V round, one loop body (one copy of it to trace and compile): the rounds
+        that may need masking come first and mask under a uniform branch."""
+        n_masked = cutlass.min(ctx.n_block_max, self.mask_steps)
+        for i in range(0, ctx.n_block_max, 1):
+            self._round(ctx, i, i < n_masked)
+
+    @cute.jit
+    def _round(self, ctx: RoundContext, i, masked):
+        cfg = self.cfg
+        thr = ctx.thr
+        slot = self.round_slot(ctx, i)
+        acc_S = cute.make_rmem_tensor(thr.thr_mma.partition_shape_C((cfg.block_m, cfg.block_n)),
+                                      cutlass.Float32)
+        acc_S.fill(0.0)
+        self.before_s(ctx, slot, masked)
+        self.gemm_s(ctx, slot, acc_S)
+
+        acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
+        if masked:
+            at = ctx.mask_at
+            mask.apply_mask(acc_S_mn, at.row_offsets, at.col_offsets, at.query0,
+                            slot.n_block * cfg.block_n + at.col0, ctx.seqlen.seqlen_k,
+                            ctx.causal_offset, self.causal)
+        scale = thr.softmax.step(acc_S_mn)
+        thr.softmax.rescale_O(thr.acc_O_mn, scale)
+        self.after_softmax(ctx, slot)
+
+        rP = cute.make_fragment_like(acc_S, cutlass_dtype(cfg.dtype))
+        rP.store(acc_S.load().to(cutlass_dtype(cfg.dtype)))
+        tOrP = cute.make_tensor(rP.iterator, mma_mod.acc_to_a_layout(rP.layout))
+        self.before_pv(ctx, slot)
+        self.gemm_o(ctx, slot, tOrP)
+        self.after_round(ctx, slot)
+
+    def _epilogue(self, ctx: RoundContext, sQ, mO, mLSE, tile, write_lse, tidx):
+        epilogue.write_outputs(self.cfg, ctx.thr, sQ, mO, mLSE, tile.batch, tile.head,
+                               tile.m_block, ctx.seqlen.seqlen_q, ctx.mask_at.query0, write_lse,
+                               tidx)
+
+    # the variant's hooks; a hook with nothing to do is left as is
+    def round_slot(self, ctx: RoundContext, i) -> RoundSlot:
+        raise NotImplementedError
+
+    def before_s(self, ctx: RoundContext, slot: RoundSlot, masked):
+        pass
+
+    def gemm_s(self, ctx: RoundContext, slot: RoundSlot, acc_S):
+        raise NotImplementedError
+
+    def after_softmax(self, ctx: RoundContext, slot: RoundSlot):
+        pass
+
+    def before_pv(self, ctx: RoundContext, slot: RoundSlot):
+        pass
+
+    def gemm_o(self, ctx: RoundContext, slot: RoundSlot, tOrP):
+        raise NotImplementedError
+
+    def after_round(self, ctx: RoundContext, slot: RoundSlot):
+        pass
