@@ -147,18 +147,20 @@ def compile_kernel(key: KernelKey, *, keep_ptx: bool = False):
         return cute.compile(kernel, *fake_arguments(key), options=options)
 
 
-_memory: dict = {}
+# The one in-memory cache of compiled kernels, by KernelKey and, for `interface`, by the call's
+# request (device, dtype, head_dim, causal, backend, ...) so a call builds no key once warm.
+memory_cache: dict = {}
 _lock = threading.Lock()
 _saving: list = []
 
 
 def get_kernel(key: KernelKey):
     """The compiled kernel for `key`: from memory, else from disk, else compiled (and saved)."""
-    fn = _memory.get(key)
+    fn = memory_cache.get(key)
     if fn is not None:
         return fn
     with _lock:
-        fn = _memory.get(key)
+        fn = memory_cache.get(key)
         if fn is None:
             fn = _load(key)
             if fn is None:
@@ -170,7 +172,7 @@ def get_kernel(key: KernelKey):
                 saver.start()
                 _saving.append(saver)
                 fn = compiled
-            _memory[key] = fn
+            memory_cache[key] = fn
     return fn
 
 

@@ -12,7 +12,7 @@ from typing import Literal, overload
 
 import torch
 
-from .compiler import get_kernel
+from .compiler import get_kernel, memory_cache
 from .arch import Arch
 from .tuning import BACKENDS, forced_tile_arch, kernel_key
 
@@ -22,13 +22,13 @@ _DTYPES = (torch.float16, torch.bfloat16)
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-def _check_tensor(name: str, t) -> None:
+def _check_tensor(name: str, t, layout: str = "(batch, seqlen, heads, head_dim)") -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _DTYPES:
         raise TypeError(f"{name} must be float16 or bfloat16, got {t.dtype}")
     if t.dim() != 4:
-        raise ValueError(f"{name} must be 4-D, got shape {tuple(t.shape)}")
+        raise ValueError(f"{name} must be 4-D {layout}, got shape {tuple(t.shape)}")
 
 
 def _check_layout(name: str, t) -> None:
@@ -188,20 +188,19 @@ def _single_gpu() -> bool:
     return _GPU_COUNT[0] == 1
 
 
-# (device index, dtype, head_dim, causal, backend, lazy, forced tile arch) -> compiled kernel
-_DISPATCH: dict = {}
 _NO_LSE: dict = {}  # device index -> placeholder LSE tensor (the kernel does not write it)
 
 
 def _kernel_for(device_index: int, dtype, head_dim: int, causal: bool, backend: str,
                 lazy_rescale: bool = True):
     tile_arch = forced_tile_arch()
-    slot = (device_index, dtype, head_dim, causal, backend, lazy_rescale, tile_arch)
-    kernel = _DISPATCH.get(slot)
+    # what a call asks for, as the in-memory cache's second index (no key to build per call)
+    request = (device_index, dtype, head_dim, causal, backend, lazy_rescale, tile_arch)
+    kernel = memory_cache.get(request)
     if kernel is None:
         key = kernel_key(_arch(device_index), _DTYPE_NAMES[dtype], head_dim, causal, backend,
                          lazy_rescale, tile_arch)
-        kernel = _DISPATCH[slot] = get_kernel(key)
+        kernel = memory_cache[request] = get_kernel(key)
     return kernel
 
 
@@ -273,12 +272,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = Fa
 
     Top-left causal, as torch does; same kernel as `forward`, reached through strides.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, heads, seqlen, head_dim), "
-                             f"got shape {tuple(t.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):  # before the transposes below
+        _check_tensor(name, t, "(batch, heads, seqlen, head_dim)")
     out = torch.empty_like(q)
     _run(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=is_causal,
          bottom_right=False, softmax_scale=scale, out=out.transpose(1, 2), return_lse=False,

@@ -13,7 +13,7 @@ from cute_fa.tuning import kernel_key
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CUTE_FA_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(compiler, "_memory", {})
+    monkeypatch.setattr(compiler, "memory_cache", {})
     return tmp_path
 
 
@@ -29,7 +29,7 @@ def test_kernel_is_saved_then_loaded_without_compiling(cache, monkeypatch):
     assert path.parent == cache and path.is_file() and path.stat().st_size > 0
     assert compiler.get_kernel(key) is first  # memory
 
-    monkeypatch.setattr(compiler, "_memory", {})  # as in a new process
+    monkeypatch.setattr(compiler, "memory_cache", {})  # as in a new process
     monkeypatch.setattr(compiler, "compile_kernel", _no_compile)
     loaded = compiler.get_kernel(key)
     assert callable(loaded) and loaded is not first
