@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 
 from .arch import ARCHS, SMEM_BYTES, Arch
-from .backends import Sm80Key, TmaKey
+from .backends import REGISTRY, Sm80Key, TmaKey
 from .layouts import TileConfig
 
 __all__ = ["ARCHS", "BACKENDS", "SMEM_BYTES", "TILES", "TMA_TILES", "kernel_key", "tile_config",
@@ -62,18 +62,13 @@ def tile_config(arch: str, dtype: str, head_dim: int, causal: bool,
     raise ValueError(f"no tile configuration of head_dim={head_dim} fits {arch}'s shared memory")
 
 
-def tma_supported(arch: str) -> bool:
-    """TMA (cp.async.bulk.tensor) exists from sm90 on."""
-    return Arch.of_name(arch).has_tma
-
-
 def resolve_backend(arch: str, backend: str, head_dim: int, causal: bool) -> str:
     """'sm80' or 'tma' for a requested backend; 'auto' is the faster one measured for the arch."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-    if backend == "tma" and not tma_supported(arch):
-        raise ValueError(f"backend='tma' needs an sm90 or newer GPU (TMA); this one is {arch}; "
-                         f"use backend='sm80' or 'auto'")
+    if backend != "auto" and not REGISTRY[backend].supports(arch):
+        raise ValueError(f"backend={backend!r} needs an sm{REGISTRY[backend].min_major}0 or newer "
+                         f"GPU; this one is {arch}; use backend='sm80' or 'auto'")
     if backend == "auto":
         return AUTO.get((arch, head_dim_class(head_dim), causal), "sm80")
     return backend
@@ -96,8 +91,9 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     """
     tiles = tile_arch or _forced_tile_arch[0] or arch
     backend = resolve_backend(tiles, backend, head_dim, causal)
-    if backend == "tma" and not tma_supported(arch):
-        raise ValueError(f"backend='tma' needs an sm90 or newer GPU (TMA); this one is {arch}")
+    if not REGISTRY[backend].supports(arch):
+        raise ValueError(f"backend={backend!r} needs an sm{REGISTRY[backend].min_major}0 or newer "
+                         f"GPU; this one is {arch}")
     cfg = tile_config(tiles, dtype, head_dim, causal, backend)
     cap = REGISTER_CAP_CTAS.get((tiles, backend, head_dim_class(head_dim), causal), 0)
     if backend == "sm80":
