@@ -1,9 +1,10 @@
-"""How the work is split: which query block, head and batch a CTA computes (`TileScheduler`),
-the lengths and offsets of one batch entry's sequences (`SeqlenInfo`), and which key blocks a
-query block visits (`BlockInfo`). The kernels ask these, never the launch grid or the tensor
-shapes directly, so ragged batches (per-entry offsets and lengths), a sliding window (a key
-range with a lower end), split-KV (a range per split) and persistent CTAs (a loop over tiles)
-each change one of them.
+"""How the work is split: which query block, head and batch a CTA computes and the launch grid
+(`SingleTileScheduler`), the query and key lengths of one batch entry (`SeqlenInfo`), and which
+key blocks a query block visits (`BlockInfo`). The kernels take their tile, lengths and key-block
+range from these objects (they build `SeqlenInfo` from the tensors' extents, the one place that
+reads them), so ragged batches (per-entry offsets and lengths), a sliding window (a key range with
+a lower end), split-KV (a range per split) and persistent CTAs (a loop over tiles) each change one
+of them.
 """
 
 from dataclasses import dataclass
