@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from .compiler import KernelKey, get_kernel, wait_for_saves
 from .layouts.config import canonical_dtype, check_head_dim
 from .arch import Arch
-from .tuning import BACKENDS, kernel_key
+from .tuning import check_backend, kernel_key
 
 
 def _as_tuple(name: str, value, single: tuple, what: str) -> tuple:
@@ -56,9 +56,7 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
     for c in causal:
         if not isinstance(c, bool):
             raise TypeError(f"causal must be a bool or a sequence of bools, got {c!r}")
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, "
-                         f"got {backend!r}")
+    check_backend(backend)
     if arch is None:
         from .interface import _arch
 

@@ -14,7 +14,8 @@ import torch
 
 from .compiler import get_kernel, memory_cache
 from .arch import Arch
-from .tuning import BACKENDS, forced_tile_arch, kernel_key
+from .layouts.config import check_head_dim
+from .tuning import BACKENDS, check_backend, forced_tile_arch, kernel_key
 
 Backend = Literal["auto", "sm80", "tma"]
 
@@ -92,15 +93,12 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=
     causal = _as_bool(names["causal"], causal)
     return_lse = _as_bool("return_lse", return_lse)
     softmax_scale = _as_scale(names["softmax_scale"], softmax_scale)
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, "
-                         f"got {backend!r}")
+    check_backend(backend)
     batch, seqlen_q, heads_q, head_dim = q.shape
     _, seqlen_k, heads_k, _ = k.shape
     if batch < 1 or seqlen_q < 1 or heads_q < 1:
         raise ValueError(f"q must have non-empty dimensions, got shape {tuple(q.shape)}")
-    if head_dim % 8 or not 8 <= head_dim <= 256:
-        raise ValueError(f"head_dim (q.shape[-1]) must be a multiple of 8 in [8, 256], got {head_dim}")
+    check_head_dim("head_dim (q.shape[-1])", head_dim)
     if k.shape[0] != batch or k.shape[3] != head_dim or seqlen_k < 1 or heads_k < 1:
         raise ValueError(f"k must have shape (batch={batch}, seqlen_k>=1, heads_k>=1, "
                          f"head_dim={head_dim}), got {tuple(k.shape)}")

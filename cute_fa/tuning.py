@@ -20,7 +20,7 @@ from .backends import REGISTRY, Sm80Key, TmaKey
 from .layouts import TileConfig
 
 __all__ = ["ARCHS", "BACKENDS", "SMEM_BYTES", "TILES", "TMA_TILES", "kernel_key", "tile_config",
-           "tiles_of", "forced_tile_arch", "max_kv_stages", "resolve_backend"]
+           "tiles_of", "forced_tile_arch", "max_kv_stages", "check_backend", "resolve_backend"]
 
 BACKENDS = ("sm80", "tma", "auto")
 
@@ -62,13 +62,23 @@ def tile_config(arch: str, dtype: str, head_dim: int, causal: bool,
     raise ValueError(f"no tile configuration of head_dim={head_dim} fits {arch}'s shared memory")
 
 
-def resolve_backend(arch: str, backend: str, head_dim: int, causal: bool) -> str:
-    """'sm80' or 'tma' for a requested backend; 'auto' is the faster one measured for the arch."""
-    if backend not in BACKENDS:
+def check_backend(backend) -> str:
+    """`backend` if it is one of BACKENDS; the one rule every entry point checks it by."""
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-    if backend != "auto" and not REGISTRY[backend].supports(arch):
+    return backend
+
+
+def _require_support(backend: str, arch: str) -> None:
+    if not REGISTRY[backend].supports(arch):
         raise ValueError(f"backend={backend!r} needs an sm{REGISTRY[backend].min_major}0 or newer "
                          f"GPU; this one is {arch}; use backend='sm80' or 'auto'")
+
+
+def resolve_backend(arch: str, backend: str, head_dim: int, causal: bool) -> str:
+    """'sm80' or 'tma' for a requested backend; 'auto' is the faster one measured for the arch."""
+    if check_backend(backend) != "auto":
+        _require_support(backend, arch)
     if backend == "auto":
         return AUTO.get((arch, head_dim_class(head_dim), causal), "sm80")
     return backend
@@ -91,9 +101,7 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     """
     tiles = tile_arch or _forced_tile_arch[0] or arch
     backend = resolve_backend(tiles, backend, head_dim, causal)
-    if not REGISTRY[backend].supports(arch):
-        raise ValueError(f"backend={backend!r} needs an sm{REGISTRY[backend].min_major}0 or newer "
-                         f"GPU; this one is {arch}")
+    _require_support(backend, arch)  # the forced arch may have TMA where this one has not
     cfg = tile_config(tiles, dtype, head_dim, causal, backend)
     cap = REGISTER_CAP_CTAS.get((tiles, backend, head_dim_class(head_dim), causal), 0)
     if backend == "sm80":

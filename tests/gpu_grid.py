@@ -33,7 +33,9 @@ KERNELS = sorted({(s[5], s[7], s[6]) for s in SHAPES} | {(64, "bfloat16", False)
                   (64, "float16", False), (64, "float16", True), (128, "bfloat16", True),
                   (128, "bfloat16", False)})
 
-# (tile arch, backend) pairs of the other archs' tables the grid also runs (test_forward_gpu)
+# (tile arch, backend) pairs of the other archs' tables the grid also runs (test_forward_gpu):
+# sm_120a (consumer Blackwell, ~99 KB of shared memory, TMA but no wgmma) with both kernels,
+# sm_86 (~99 KB, no TMA) with the cp.async one
 OTHER_ARCH_TILES = [("sm_120a", "sm80"), ("sm_120a", "tma"), ("sm_86", "sm80")]
 
 

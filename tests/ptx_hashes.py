@@ -13,20 +13,16 @@ from concurrent.futures import ProcessPoolExecutor
 
 from cute_fa.backends import Sm80Key
 from cute_fa.compiler import compile_kernel
-from cute_fa.tuning import TILES, kernel_key, tile_config
+from cute_fa.tuning import kernel_key, tile_config
+from test_compile_forward import ARCHS, CASES, TMA_CASES
 
 
 def keys() -> list:
-    out = []
-    cases = [(limit, causal, dtype) for limit, causal in sorted(TILES)
-             for dtype in ("bfloat16", "float16")] + [(40, True, "bfloat16")]
-    for arch in ("sm_80", "sm_90a", "sm_120a"):
-        for head_dim, causal, dtype in cases:
-            out.append(Sm80Key(arch, causal, tile_config(arch, dtype, head_dim, causal)))
-    for arch in ("sm_90a", "sm_120a"):
-        for head_dim, causal, dtype in cases:
-            out.append(kernel_key(arch, dtype, head_dim, causal, "tma"))
-    out.append(kernel_key("sm_90a", "bfloat16", 128, False, "tma", lazy_rescale=False))
+    """The keys of test_compile_forward.py's two parametrisations, in its order."""
+    out = [Sm80Key(arch, causal, tile_config(arch, dtype, head_dim, causal))
+           for arch in ARCHS for head_dim, causal, dtype in CASES]
+    out += [kernel_key(arch, dtype, head_dim, causal, "tma", lazy_rescale=lazy)
+            for arch, head_dim, causal, dtype, lazy in TMA_CASES]
     return out
 
 

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from gpu_grid import SHAPES
+from gpu_grid import OTHER_ARCH_TILES, SHAPES
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -78,12 +78,8 @@ def test_forward_grid(shape, backend):
     _grid_case(shape, backend)
 
 
-# Other archs' tile tables, run here: sm_120a (consumer Blackwell, ~99 KB of shared memory, TMA
-# but no wgmma) with both kernels, sm_86 (~99 KB, no TMA) with the cp.async one. No GPU of
-# either kind is at hand, and this is how what they run gets checked against the reference.
-OTHER_ARCH_TILES = [("sm_120a", "sm80"), ("sm_120a", "tma"), ("sm_86", "sm80")]
-
-
+# Other archs' tile tables (gpu_grid.OTHER_ARCH_TILES) run here: no GPU of those kinds is at
+# hand, and this is how what they run gets checked against the reference.
 @pytest.mark.parametrize("tile_arch, backend", OTHER_ARCH_TILES, ids=lambda x: str(x))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-q{}-k{}-h{}/{}-d{}-{}-{}".format(
     *s[:6], "causal" if s[6] else "full", s[7]))

@@ -35,7 +35,6 @@ import cutlass.memory
 
 from dataclasses import dataclass
 
-from ..backends import Sm80Key
 from ..layouts import copies, smem
 from .fwd_base import FlashFwdBase, RoundContext, RoundSlot
 from .gemm import gemm_ldmatrix
@@ -59,8 +58,7 @@ class Sm80Loads:
 
 
 class FlashFwdSm80(FlashFwdBase):
-    def __init__(self, key: Sm80Key):
-        super().__init__(key)
+    """Built from an `Sm80Key` (`FlashFwdBase.__init__`)."""
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
