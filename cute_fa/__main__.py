@@ -122,6 +122,11 @@ def _cmd_precompile(args) -> int:
 
 def _cmd_bench(args) -> int:
     _need_gpu("bench")  # before anything is written under --out
+    if args.decode:
+        from .bench import decode_main
+
+        decode_main(args.out, quick=args.quick)
+        return 0
     from .bench import main as bench_main
 
     bench_main(args.out, quick=args.quick)
@@ -172,8 +177,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="which kernel to compile; auto: what forward() picks on that arch")
     p_bench = command("bench", "benchmark against torch SDPA and flash-attn-4 (GPU)")
     p_bench.add_argument("--out", default="docs/perf/latest",
-                         help="directory for results.json, results.md and results.png")
-    p_bench.add_argument("--quick", action="store_true", help="two sequence lengths only")
+                         help="directory for results.json, results.md and results.png "
+                              "(with --decode: decode.json, decode.md and decode.png)")
+    p_bench.add_argument("--quick", action="store_true",
+                         help="two sequence lengths only (with --decode: 8 shapes of one "
+                              "head configuration)")
+    p_bench.add_argument("--decode", action="store_true",
+                         help="the decode benchmark instead (Sq 1 and 4 against KV caches of "
+                              "2k-128k keys, dense and paged)")
     return parser
 
 

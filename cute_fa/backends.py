@@ -32,9 +32,23 @@ class KernelKey:
 
 @dataclass(frozen=True)
 class Sm80Key(KernelKey):
-    """The cp.async kernel (`kernels/fwd_sm80.py`)."""
+    """The cp.async kernel (`kernels/fwd_sm80.py`) and its decode features: pack_gqa query heads
+    per K/V head share a tile (1: no packing); split_kv writes float32 partial O and LSE per
+    key split, for `merge_attention`; page_size > 0 reads K/V from a paged cache through a page
+    table; seqused_k takes each batch entry's key count from a tensor."""
 
+    pack_gqa: int = 1
+    split_kv: bool = False
+    page_size: int = 0
+    seqused_k: bool = False
     backend: ClassVar[str] = "sm80"
+
+    def __post_init__(self):
+        if self.pack_gqa < 1:
+            raise ValueError(f"pack_gqa must be at least 1, got {self.pack_gqa}")
+        if self.page_size < 0 or self.page_size % 16:
+            raise ValueError(f"page_size must be 0 or a positive multiple of 16, "
+                             f"got {self.page_size}")
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,7 @@ class Backend:
     class_name: str
     key_type: type
     min_major: int  # the oldest GPU generation it runs on
+    arguments: tuple  # (name, kind) of its arguments, in order (ARGUMENTS below)
 
     def supports(self, arch: str | Arch) -> bool:
         arch = arch if isinstance(arch, Arch) else Arch.of_name(arch)
@@ -77,20 +92,49 @@ class Backend:
         return self.kernel_class()(key)
 
 
+# (name, kind) of every forward kernel's arguments, in order. "qkvo": a (batch, seqlen, heads,
+# head_dim) tensor with dynamic extents, 16-byte aligned strides and a unit last stride (a
+# paged K/V cache: (pages, page_size, heads, head_dim)); "out": the same in the input dtype, or
+# float32 for split-KV partials; "lse": float32 (batch, heads, seqlen); then scalars. The
+# launch adds the stream.
+ARGUMENTS = (("q", "qkvo"), ("k", "qkvo"), ("v", "qkvo"), ("out", "out"), ("lse", "lse"),
+             ("softmax_scale", "float32"), ("causal_offset", "int32"), ("write_lse", "int32"))
+# the cp.async kernel's decode arguments: seqused_k int32 (batch,), page_table int32 (batch,
+# pages per sequence), and the split count; placeholders where its key does not use them
+DECODE_ARGUMENTS = ARGUMENTS + (("seqused_k", "int32_vector"), ("page_table", "int32_matrix"),
+                                ("num_splits", "int32"))
+
 REGISTRY = {b.name: b for b in (
     Backend("sm80", "cp.async + ldmatrix + mma.sync, any GPU from sm80 on", "fwd_sm80",
-            "FlashFwdSm80", Sm80Key, 8),
+            "FlashFwdSm80", Sm80Key, 8, DECODE_ARGUMENTS),
     Backend("tma", "TMA + mbarrier K/V ring + ldmatrix + mma.sync, sm90 and newer", "fwd_tma",
-            "FlashFwdTma", TmaKey, 9),
+            "FlashFwdTma", TmaKey, 9, ARGUMENTS),
 )}
 
 
-def backend_of(key: KernelKey) -> Backend:
-    return REGISTRY[key.backend]
+@dataclass(frozen=True)
+class MergeKey:
+    """The kernel that merges attention over disjoint key sets (`kernels/merge.py`): split-KV's
+    second step and `cute_fa.merge_attention`."""
+
+    arch: str
+    head_dim: int
+    in_dtype: str  # of the parts' O: float32 (split-KV's partials), float16 or bfloat16
+    out_dtype: str
+    backend: ClassVar[str] = "merge"
 
 
-# (name, kind) of every forward kernel's arguments, in order. "qkvo": a (batch, seqlen, heads,
-# head_dim) tensor with dynamic extents, 16-byte aligned strides and a unit last stride;
-# "lse": float32 (batch, heads, seqlen); then scalars. The launch adds the stream.
-ARGUMENTS = (("q", "qkvo"), ("k", "qkvo"), ("v", "qkvo"), ("out", "qkvo"), ("lse", "lse"),
-             ("softmax_scale", "float32"), ("causal_offset", "int32"), ("write_lse", "int32"))
+# its arguments: O parts (parts, batch, seqlen, heads, head_dim), LSE parts float32 (parts,
+# batch, heads, seqlen), the merged O (batch, seqlen, heads, head_dim) and LSE, write_lse
+MERGE_ARGUMENTS = (("o_parts", "o_parts"), ("lse_parts", "lse_parts"), ("out", "out"),
+                   ("lse", "lse"), ("write_lse", "int32"))
+
+# every kernel cute_fa compiles: the forward backends and the merge
+KERNELS = dict(REGISTRY, merge=Backend("merge", "merge of split-KV partials", "merge",
+                                       "MergeAttention", MergeKey, 8, MERGE_ARGUMENTS))
+
+
+def backend_of(key) -> Backend:
+    return KERNELS[key.backend]
+
+

@@ -19,7 +19,7 @@ import threading
 from dataclasses import asdict
 from pathlib import Path
 
-from .backends import ARGUMENTS, REGISTRY, KernelKey, backend_of
+from .backends import KERNELS, KernelKey, backend_of
 
 __all__ = ["KernelKey", "compile_kernel", "get_kernel", "key_digest", "ptxas_resources",
            "wait_for_saves"]
@@ -32,8 +32,8 @@ def key_digest(key: KernelKey) -> str:
     """The cache file name of `key`: its backend and fields, and the fingerprint of the sources
     and DSL that compile it."""
     fields = {k: v for k, v in sorted(vars(key).items()) if k != "tile"}
-    text = repr((key.backend, sorted(asdict(key.tile).items()), sorted(fields.items()),
-                 _fingerprint(key.backend)))
+    tile = sorted(asdict(key.tile).items()) if hasattr(key, "tile") else None
+    text = repr((key.backend, tile, sorted(fields.items()), _fingerprint(key.backend)))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -55,7 +55,7 @@ def kernel_sources(backend: str) -> list[Path]:
     transitively, every cute_fa module it imports (read from the import statements, without
     importing anything), plus this file (the compile options and fake arguments). The
     explanations (cute_fa.explain) read the layouts and never shape a kernel."""
-    start = _PACKAGE_DIR / "kernels" / f"{REGISTRY[backend].module}.py"
+    start = _PACKAGE_DIR / "kernels" / f"{KERNELS[backend].module}.py"
     seen: set = set()
     todo = [start, _PACKAGE_DIR / "compiler.py", _PACKAGE_DIR / "backends.py"]
     while todo:
@@ -113,28 +113,49 @@ def cache_dir() -> Path:
 
 
 def fake_arguments(key: KernelKey) -> tuple:
-    """Fake tensors and scalars for `cute.compile`, one per entry of `backends.ARGUMENTS`:
-    batch, sequence and head extents and strides symbolic, so a new shape never recompiles."""
+    """Fake tensors and scalars for `cute.compile`, one per entry of the key's backend's
+    `arguments`: batch, sequence and head extents and strides symbolic, so a new shape never
+    recompiles."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     from .layouts._types import cutlass_dtype
 
-    dtype = cutlass_dtype(key.tile.dtype)
+    if hasattr(key, "tile"):
+        dtype, head_dim = cutlass_dtype(key.tile.dtype), key.tile.head_dim
+        # split-KV kernels write float32 partials
+        out_dtype = cutlass.Float32 if getattr(key, "split_kv", False) else dtype
+    else:  # the merge
+        dtype, head_dim, out_dtype = cutlass_dtype(key.in_dtype), key.head_dim, \
+            cutlass_dtype(key.out_dtype)
 
-    def qkvo():
-        stride = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
-        shape = (cute.sym_int(), cute.sym_int(), cute.sym_int(), key.tile.head_dim)
-        return make_fake_tensor(dtype, shape, stride=stride, assumed_align=16)
+    def qkvo(element=dtype, rank=4):
+        stride = tuple(cute.sym_int64(divisibility=8) for _ in range(rank - 1)) + (1,)
+        shape = tuple(cute.sym_int() for _ in range(rank - 1)) + (head_dim,)
+        return make_fake_tensor(element, shape, stride=stride, assumed_align=16)
 
     def lse():
         return make_fake_tensor(cutlass.Float32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
                                 stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
 
-    make = {"qkvo": qkvo, "lse": lse, "float32": lambda: cutlass.Float32(1.0),
-            "int32": lambda: cutlass.Int32(0)}
-    return tuple(make[kind]() for _, kind in ARGUMENTS) + (
+    def int32_vector():
+        return make_fake_tensor(cutlass.Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+
+    def int32_matrix():
+        return make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int()),
+                                stride=(cute.sym_int64(), 1), assumed_align=4)
+
+    def lse_parts():
+        return make_fake_tensor(cutlass.Float32, tuple(cute.sym_int() for _ in range(4)),
+                                stride=tuple(cute.sym_int64() for _ in range(3)) + (1,),
+                                assumed_align=4)
+
+    make = {"qkvo": qkvo, "out": lambda: qkvo(out_dtype), "lse": lse,
+            "o_parts": lambda: qkvo(dtype, 5), "lse_parts": lse_parts,
+            "int32_vector": int32_vector, "int32_matrix": int32_matrix,
+            "float32": lambda: cutlass.Float32(1.0), "int32": lambda: cutlass.Int32(0)}
+    return tuple(make[kind]() for _, kind in backend_of(key).arguments) + (
         make_fake_stream(use_tvm_ffi_env_stream=True),)
 
 

@@ -6,16 +6,21 @@ so a bad call never touches `out`), kernel choice and the launch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+import os
+from dataclasses import dataclass
 from typing import Literal, overload
 
 import torch
 
 from .compiler import get_kernel, memory_cache
 from .arch import Arch
+from .backends import MergeKey
 from .layouts.config import check_head_dim
-from .tuning import BACKENDS, check_backend, forced_tile_arch, kernel_key
+from .tuning import (BACKENDS, DECODE_MAX_SEQLEN_Q, MAX_SPLITS, check_backend, decode_key,
+                     forced_tile_arch, kernel_key, num_splits_heuristic)
 
 Backend = Literal["auto", "sm80", "tma"]
 
@@ -82,12 +87,19 @@ _FORWARD_NAMES = {"causal": "causal", "softmax_scale": "softmax_scale"}
 _SDPA_NAMES = {"causal": "is_causal", "softmax_scale": "scale"}
 
 
-def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=_FORWARD_NAMES):
+def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=_FORWARD_NAMES,
+                seqused_k=None, page_table=None, num_splits=None):
     """Every rule of a valid call, in the order a user fixes them: types, shapes, values,
-    then where the tensors live. Returns (device index, causal, softmax_scale, return_lse)
-    with the flags as Python bools and the scale as a float or None."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t)
+    then where the tensors live. Returns (device index, causal, softmax_scale, return_lse,
+    num_splits) with the flags as Python bools, the scale as a float or None and num_splits
+    an int or None. With a page_table, k and v are a paged cache (num_pages, page_size,
+    heads_kv, head_dim)."""
+    paged = page_table is not None
+    kv_layout = "(num_pages, page_size, heads_kv, head_dim)" if paged else \
+        "(batch, seqlen, heads, head_dim)"
+    _check_tensor("q", q)
+    _check_tensor("k", k, kv_layout)
+    _check_tensor("v", v, kv_layout)
     if not (k.dtype == q.dtype and v.dtype == q.dtype):
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     causal = _as_bool(names["causal"], causal)
@@ -99,7 +111,14 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=
     if batch < 1 or seqlen_q < 1 or heads_q < 1:
         raise ValueError(f"q must have non-empty dimensions, got shape {tuple(q.shape)}")
     check_head_dim("head_dim (q.shape[-1])", head_dim)
-    if k.shape[0] != batch or k.shape[3] != head_dim or seqlen_k < 1 or heads_k < 1:
+    if paged:
+        if k.shape[0] < 1 or k.shape[3] != head_dim or heads_k < 1:
+            raise ValueError(f"k must be a paged cache of shape (num_pages>=1, page_size, "
+                             f"heads_kv>=1, head_dim={head_dim}), got {tuple(k.shape)}")
+        if seqlen_k % 16 or not 16 <= seqlen_k <= MAX_PAGE_SIZE:
+            raise ValueError(f"the page size (k.shape[1]) must be a multiple of 16 from 16 to "
+                             f"{MAX_PAGE_SIZE}, got {seqlen_k}")
+    elif k.shape[0] != batch or k.shape[3] != head_dim or seqlen_k < 1 or heads_k < 1:
         raise ValueError(f"k must have shape (batch={batch}, seqlen_k>=1, heads_k>=1, "
                          f"head_dim={head_dim}), got {tuple(k.shape)}")
     if v.shape != k.shape:
@@ -117,10 +136,15 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=
         named += (("out", out),)
     for name, t in named:
         _check_layout(name, t)
+    num_splits = _check_decode_args(q, seqused_k, page_table, num_splits, backend)
     device_index = q.get_device()
-    for name, t in named:
-        _check_device(name, t, device_index)
-    return device_index, causal, softmax_scale, return_lse
+    for name, t in named + (("seqused_k", seqused_k), ("page_table", page_table)):
+        if t is not None:
+            _check_device(name, t, device_index)
+    if (seqused_k is not None or paged) and \
+            os.environ.get("CUTE_FA_CHECK_INDICES", "") not in ("", "0"):
+        _check_index_values(k, seqused_k, page_table)
+    return device_index, causal, softmax_scale, return_lse, num_splits
 
 
 def _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse, backend) -> bool:
@@ -186,70 +210,256 @@ def _single_gpu() -> bool:
     return _GPU_COUNT[0] == 1
 
 
-_NO_LSE: dict = {}  # device index -> placeholder LSE tensor (the kernel does not write it)
+_PLACEHOLDERS: dict = {}
+
+
+def _placeholders(device_index: int) -> tuple:
+    """Tensors a kernel takes but does not read (its key does not ask for them): LSE when
+    none is returned, seqused_k and page_table without a cache of that kind."""
+    held = _PLACEHOLDERS.get(device_index)
+    if held is None:
+        device = torch.device("cuda", device_index)
+        held = _PLACEHOLDERS[device_index] = (
+            torch.empty((1, 1, 1), device=device, dtype=torch.float32),
+            torch.zeros((1,), device=device, dtype=torch.int32),
+            torch.zeros((1, 1), device=device, dtype=torch.int32))
+    return held
 
 
 def _kernel_for(device_index: int, dtype, head_dim: int, causal: bool, backend: str,
                 lazy_rescale: bool = True):
+    """(compiled kernel, its backend's name) for a call without decode arguments."""
     tile_arch = forced_tile_arch()
     # what a call asks for, as the in-memory cache's second index (no key to build per call)
     request = (device_index, dtype, head_dim, causal, backend, lazy_rescale, tile_arch)
-    kernel = memory_cache.get(request)
-    if kernel is None:
+    held = memory_cache.get(request)
+    if held is None:
         key = kernel_key(_arch(device_index), _DTYPE_NAMES[dtype], head_dim, causal, backend,
                          lazy_rescale, tile_arch)
-        kernel = memory_cache[request] = get_kernel(key)
+        held = memory_cache[request] = (get_kernel(key), key.backend)
+    return held
+
+
+MAX_PAGE_SIZE = 1024
+
+
+def _check_decode_args(q, seqused_k, page_table, num_splits, backend) -> int | None:
+    """The rules of the KV-cache arguments but where they live; returns num_splits as an int
+    or None. Values inside seqused_k and page_table are trusted, unless
+    CUTE_FA_CHECK_INDICES=1 asks for them to be checked (a device sync, `_check_args`)."""
+    batch = q.shape[0]
+    for name, t, rank, shape in (("seqused_k", seqused_k, 1, "(batch,)"),
+                                 ("page_table", page_table, 2, "(batch, max_pages_per_seq)")):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {_type_name(t)}")
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be an int32 tensor, got {t.dtype}")
+        if t.dim() != rank or t.shape[0] != batch or (rank == 2 and t.shape[1] < 1):
+            raise ValueError(f"{name} must have shape {shape} with batch={batch}, "
+                             f"got {tuple(t.shape)}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension, got strides "
+                             f"{t.stride()}")
+    if num_splits is not None:
+        if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+            raise TypeError(f"num_splits must be an int or None, got {_type_name(num_splits)} "
+                            f"{num_splits!r}")
+        num_splits = int(num_splits)
+        if not 1 <= num_splits <= MAX_SPLITS:
+            raise ValueError(f"num_splits must be from 1 to {MAX_SPLITS} or None, "
+                             f"got {num_splits}")
+        if batch * num_splits > 65535:
+            raise ValueError(f"num_splits * batch must be at most 65535 (the grid's z), got "
+                             f"{num_splits} * {batch}")
+    if backend == "tma" and (seqused_k is not None or page_table is not None
+                             or (num_splits or 1) > 1):
+        raise ValueError("backend='tma' takes no seqused_k, page_table or num_splits > 1 (the "
+                         "cp.async kernel runs decode); use backend='sm80' or 'auto'")
+    return num_splits
+
+
+def _check_index_values(k, seqused_k, page_table) -> None:
+    """CUTE_FA_CHECK_INDICES=1: every key count within the cache, every page index a key
+    reads within the page pool (syncs with the device)."""
+    if page_table is not None:
+        page_size = k.shape[1]
+        capacity = page_table.shape[1] * page_size
+    else:
+        capacity = k.shape[1]
+    if seqused_k is not None:
+        bad = (seqused_k < 0) | (seqused_k > capacity)
+        if bool(bad.any()):
+            b = int(bad.nonzero()[0, 0])
+            raise ValueError(f"seqused_k[{b}] = {int(seqused_k[b])} is outside 0..{capacity} "
+                             f"(the keys the cache holds)")
+    if page_table is not None:
+        used = seqused_k if seqused_k is not None else \
+            torch.full((page_table.shape[0],), capacity, device=page_table.device)
+        pages_used = (used.long() + page_size - 1) // page_size
+        read = torch.arange(page_table.shape[1], device=page_table.device)[None, :] \
+            < pages_used[:, None]
+        bad = read & ((page_table < 0) | (page_table >= k.shape[0]))
+        if bool(bad.any()):
+            b, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"page_table[{b}, {j}] = {int(page_table[b, j])} is outside "
+                             f"0..{k.shape[0] - 1} (the pages of k and v)")
+
+
+_SM_COUNT: dict = {}
+
+
+def _num_sms(device_index: int) -> int:
+    n = _SM_COUNT.get(device_index)
+    if n is None:
+        n = _SM_COUNT[device_index] = \
+            torch.cuda.get_device_properties(device_index).multi_processor_count
+    return n
+
+
+@dataclass(frozen=True)
+class _DecodePlan:
+    kernel: object
+    num_splits: int
+    seqused_k: bool
+    paged: bool
+    device_index: int
+
+    def cache_args(self, seqused_k, page_table) -> tuple:
+        """The kernel's seqused_k and page_table arguments (placeholders where unused)."""
+        held = _placeholders(self.device_index)
+        return (seqused_k if self.seqused_k else held[1],
+                page_table if self.paged else held[2])
+
+
+def _decode_plan(device_index, q, k, causal, backend, seqused_k, page_table,
+                 num_splits) -> _DecodePlan:
+    """The kernel and split count of a call with decode features (tuning.decode_key and
+    tuning.num_splits_heuristic say how they are chosen)."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    heads_kv = k.shape[2]
+    paged = page_table is not None
+    page_size = k.shape[1] if paged else 0
+    capacity = page_table.shape[1] * page_size if paged else k.shape[1]
+    request = ("decode", device_index, q.dtype, head_dim, causal, seqlen_q <= DECODE_MAX_SEQLEN_Q,
+               heads_q // heads_kv, page_size, seqused_k is not None, forced_tile_arch())
+    base = memory_cache.get(request)
+    if base is None:
+        base = memory_cache[request] = decode_key(
+            _arch(device_index), _DTYPE_NAMES[q.dtype], head_dim, causal, seqlen_q=seqlen_q,
+            group=heads_q // heads_kv, page_size=page_size, seqused_k=seqused_k is not None,
+            split_kv=False, tile_arch=forced_tile_arch())
+    if num_splits is None:
+        if seqlen_q > DECODE_MAX_SEQLEN_Q:
+            num_splits = 1
+        else:
+            cfg = base.tile
+            m_blocks = -(-seqlen_q * base.pack_gqa // cfg.block_m)
+            heads = heads_kv if base.pack_gqa > 1 else heads_q
+            num_splits = num_splits_heuristic(m_blocks * heads * batch,
+                                              -(-capacity // cfg.block_n), _num_sms(device_index))
+    key = dataclasses.replace(base, split_kv=True) if num_splits > 1 else base
+    return _DecodePlan(get_kernel(key), num_splits, seqused_k is not None, paged, device_index)
+
+
+def _merge_kernel(device_index: int, in_dtype, out_dtype, head_dim: int):
+    names = {torch.float32: "float32", **_DTYPE_NAMES}
+    request = ("merge", device_index, in_dtype, out_dtype, head_dim)
+    kernel = memory_cache.get(request)
+    if kernel is None:
+        in_name = in_dtype if isinstance(in_dtype, str) else names[in_dtype]
+        kernel = memory_cache[request] = get_kernel(
+            MergeKey(_arch(device_index), head_dim, in_name, names[out_dtype]))
     return kernel
 
 
 def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse, backend,
-         lazy_rescale=True, names=_FORWARD_NAMES):
-    if _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse, backend):
+         lazy_rescale=True, names=_FORWARD_NAMES, seqused_k=None, page_table=None,
+         num_splits=None):
+    decode_args = seqused_k is not None or page_table is not None or num_splits is not None
+    if not decode_args and _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse,
+                                          backend):
         device_index = q.get_device()
     else:
-        device_index, causal, softmax_scale, return_lse = _check_args(
-            q, k, v, out, softmax_scale, causal, return_lse, backend, names)
+        device_index, causal, softmax_scale, return_lse, num_splits = _check_args(
+            q, k, v, out, softmax_scale, causal, return_lse, backend, names, seqused_k,
+            page_table, num_splits)
     batch, seqlen_q, heads_q, head_dim = q.shape
     causal_offset = k.shape[1] - seqlen_q if bottom_right else 0
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-    kernel = _kernel_for(device_index, q.dtype, head_dim, causal, backend, lazy_rescale)
+    if seqused_k is not None or page_table is not None or (num_splits or 1) > 1 or \
+            (seqlen_q <= DECODE_MAX_SEQLEN_Q and backend != "tma"):
+        plan = _decode_plan(device_index, q, k, causal, backend, seqused_k, page_table,
+                            num_splits)
+    else:
+        plan = None
+    if plan is None:
+        kernel, backend_name = _kernel_for(device_index, q.dtype, head_dim, causal, backend,
+                                           lazy_rescale)
+    else:
+        kernel = plan.kernel
     if out is None:
         out = torch.empty_like(q)  # q's memory order where q is dense, else contiguous
     if return_lse:
         lse = torch.empty((batch, heads_q, seqlen_q), device=q.device, dtype=torch.float32)
     else:
-        lse = _NO_LSE.get(device_index)
-        if lse is None:
-            lse = _NO_LSE[device_index] = torch.empty((1, 1, 1), device=q.device,
-                                                      dtype=torch.float32)
+        lse = _placeholders(device_index)[0]
     if q.requires_grad or k.requires_grad or v.requires_grad:
         q, k, v = q.detach(), k.detach(), v.detach()  # DLPack refuses tensors needing grad
-    # the kernel launches on the current stream of the current device
+    if plan is None:
+        args = (q, k, v, out, lse, scale, causal_offset, int(return_lse))
+        if backend_name == "sm80":
+            args += _placeholders(device_index)[1:] + (1,)
+        _launch(device_index, kernel, args)
+    elif plan.num_splits == 1:
+        _launch(device_index, kernel, (q, k, v, out, lse, scale, causal_offset, int(return_lse))
+                + plan.cache_args(seqused_k, page_table) + (1,))
+    else:
+        splits = plan.num_splits
+        o_parts = torch.empty((splits, batch, seqlen_q, heads_q, head_dim), device=q.device,
+                              dtype=torch.float32)
+        lse_parts = torch.empty((splits, batch, heads_q, seqlen_q), device=q.device,
+                                dtype=torch.float32)
+        _launch(device_index, kernel,
+                (q, k, v, o_parts.view(splits * batch, seqlen_q, heads_q, head_dim),
+                 lse_parts.view(splits * batch, heads_q, seqlen_q), scale, causal_offset, 1)
+                + plan.cache_args(seqused_k, page_table) + (splits,))
+        _launch(device_index, _merge_kernel(device_index, "float32", q.dtype, head_dim),
+                (o_parts, lse_parts, out, lse, int(return_lse)))
+    return (out, lse) if return_lse else out
+
+
+def _launch(device_index: int, kernel, args: tuple) -> None:
+    """The kernel launches on the current stream of the current device."""
     if _single_gpu() or device_index == torch.cuda.current_device():
-        kernel(q, k, v, out, lse, scale, causal_offset, int(return_lse))
+        kernel(*args)
     else:
         with torch.cuda.device(device_index):
-            kernel(q, k, v, out, lse, scale, causal_offset, int(return_lse))
-    return (out, lse) if return_lse else out
+            kernel(*args)
 
 
 @overload
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ...,
             softmax_scale: float | None = ..., return_lse: Literal[False] = ...,
-            out: torch.Tensor | None = ..., backend: Backend = ...) -> torch.Tensor: ...
+            out: torch.Tensor | None = ..., backend: Backend = ..., *,
+            seqused_k: torch.Tensor | None = ..., page_table: torch.Tensor | None = ...,
+            num_splits: int | None = ...) -> torch.Tensor: ...
 
 
 @overload
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ...,
             softmax_scale: float | None = ..., *, return_lse: Literal[True],
-            out: torch.Tensor | None = ...,
-            backend: Backend = ...) -> tuple[torch.Tensor, torch.Tensor]: ...
+            out: torch.Tensor | None = ..., backend: Backend = ...,
+            seqused_k: torch.Tensor | None = ..., page_table: torch.Tensor | None = ...,
+            num_splits: int | None = ...) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
             softmax_scale: float | None = None, return_lse: bool = False,
-            out: torch.Tensor | None = None,
-            backend: Backend = "auto") -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+            out: torch.Tensor | None = None, backend: Backend = "auto", *,
+            seqused_k: torch.Tensor | None = None, page_table: torch.Tensor | None = None,
+            num_splits: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward in flash-attn's layout.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim),
@@ -259,9 +469,74 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     that sees no key gets o = 0 and lse = -inf.
     backend: 'sm80' (cp.async, any sm80+ GPU), 'tma' (TMA + mbarrier, sm90+) or
     'auto' (the faster of the two measured for this GPU, see cute_fa/tuning.py).
+
+    KV cache (decode), as flash-attn takes it:
+    seqused_k: int32 (batch,), how many keys of each entry are valid (a cache with room to
+    grow); causal is then bottom-right against each entry's own count.
+    page_table: int32 (batch, max_pages_per_seq); k and v are then a paged cache
+    (num_pages, page_size, heads_kv, head_dim), page_size a multiple of 16 up to 1024, and
+    key j of entry b is row j % page_size of page page_table[b, j // page_size]. Without
+    seqused_k an entry has max_pages_per_seq * page_size keys.
+    The values inside seqused_k and page_table are trusted (checking them needs a device
+    sync); set CUTE_FA_CHECK_INDICES=1 to have every call check them.
+    num_splits: how many CTAs share one query block's keys (split-KV, merged by
+    `merge_attention`'s kernel); None picks it (tuning.num_splits_heuristic), 1 never splits.
+    Calls with at most 16 queries per sequence pack the query heads of a GQA group into one
+    tile, so K and V are read once per group.
     """
     return _run(q, k, v, causal=causal, bottom_right=True, softmax_scale=softmax_scale, out=out,
-                return_lse=return_lse, backend=backend)
+                return_lse=return_lse, backend=backend, seqused_k=seqused_k,
+                page_table=page_table, num_splits=num_splits)
+
+
+def merge_attention(o_parts: torch.Tensor,
+                    lse_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine attention over disjoint key sets into attention over their union.
+
+    o_parts: (parts, batch, seqlen, heads, head_dim), float32, float16 or bfloat16; lse_parts:
+    float32 (parts, batch, heads, seqlen), natural log: part p as `forward(...,
+    return_lse=True)` returns it for its keys. Returns (o, lse): o (batch, seqlen, heads,
+    head_dim) in o_parts' dtype and lse float32 (batch, heads, seqlen), exactly the attention
+    over all the parts' keys (up to rounding). A part with lse = -inf saw no key and counts for
+    nothing; a row whose parts all have -inf gets o = 0 and lse = -inf. What split-KV does
+    internally; also what prefix caching and context-parallel attention need.
+    """
+    if not isinstance(o_parts, torch.Tensor):
+        raise TypeError(f"o_parts must be a torch.Tensor, got {_type_name(o_parts)}")
+    if not isinstance(lse_parts, torch.Tensor):
+        raise TypeError(f"lse_parts must be a torch.Tensor, got {_type_name(lse_parts)}")
+    if o_parts.dtype not in (torch.float32,) + _DTYPES:
+        raise TypeError(f"o_parts must be float32, float16 or bfloat16, got {o_parts.dtype}")
+    if lse_parts.dtype != torch.float32:
+        raise TypeError(f"lse_parts must be float32, got {lse_parts.dtype}")
+    if o_parts.dim() != 5:
+        raise ValueError(f"o_parts must be 5-D (parts, batch, seqlen, heads, head_dim), got "
+                         f"shape {tuple(o_parts.shape)}")
+    parts, batch, seqlen, heads, head_dim = o_parts.shape
+    if min(parts, batch, seqlen, heads) < 1:
+        raise ValueError(f"o_parts must have non-empty dimensions, got {tuple(o_parts.shape)}")
+    check_head_dim("head_dim (o_parts.shape[-1])", head_dim)
+    if tuple(lse_parts.shape) != (parts, batch, heads, seqlen):
+        raise ValueError(f"lse_parts must have shape (parts, batch, heads, seqlen) = "
+                         f"{(parts, batch, heads, seqlen)}, got {tuple(lse_parts.shape)}")
+    if o_parts.stride(-1) != 1 or any(x % 8 for x in o_parts.stride()[:-1]) or \
+            o_parts.data_ptr() % 16:
+        raise ValueError(f"o_parts must have a contiguous last dimension, strides that are "
+                         f"multiples of 8 and a 16-byte aligned start, got strides "
+                         f"{o_parts.stride()}")
+    if lse_parts.stride(-1) != 1:
+        raise ValueError(f"lse_parts must have a contiguous last dimension, got strides "
+                         f"{lse_parts.stride()}")
+    if not o_parts.is_cuda:
+        _check_device("o_parts", o_parts, 0)
+    device_index = o_parts.get_device()
+    _check_device("lse_parts", lse_parts, device_index)
+    out = torch.empty((batch, seqlen, heads, head_dim), device=o_parts.device,
+                      dtype=o_parts.dtype)
+    lse = torch.empty((batch, heads, seqlen), device=o_parts.device, dtype=torch.float32)
+    _launch(device_index, _merge_kernel(device_index, o_parts.dtype, o_parts.dtype, head_dim),
+            (o_parts.detach(), lse_parts.detach(), out, lse, 1))
+    return out, lse
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,

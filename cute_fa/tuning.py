@@ -179,3 +179,66 @@ REGISTER_CAP_CTAS: dict = {("sm_90a", "tma", 64, True): 3}
 # sm80, and so do head_dim 192 / 256 (TMA 0.89x-0.93x of sm80 in an earlier side timing).
 AUTO: dict = {("sm_90a", 64, False): "tma", ("sm_90a", 64, True): "tma",
               ("sm_90a", 128, False): "tma", ("sm_90a", 128, True): "tma"}
+
+
+# ---- decode: GQA packing, split-KV, paged / seqused_k caches (the cp.async kernel) ----
+
+# Calls with at most this many queries per sequence are decode calls: the query heads of a
+# GQA group are packed into one tile (K/V read once per group), the tile is DECODE_TILES'
+# and the keys may be split over several CTAs.
+DECODE_MAX_SEQLEN_Q = 16
+
+# head_dim class -> [(block_m, block_n, num_threads), ...]: 64 packed rows (16 per warp, the
+# fewest an m16n8k16 warp takes) so that one group of up to 64 (query, head) rows fills a
+# tile. At head_dim 192 and 256, 32-key blocks: with 64 ptxas spills 32 bytes at 255
+# registers (the O accumulator alone holds 128 floats per thread).
+DECODE_TILES = {64: [(64, 128, 128), (64, 64, 128)], 128: [(64, 64, 128)],
+                192: [(64, 32, 128)], 256: [(64, 32, 128)]}
+
+# head_dim class -> CTAs per SM the decode kernel's registers are capped for (absent: ptxas's
+# choice). At head_dim 128 ptxas on its own settles on 168 registers (three CTAs) and spills
+# 12-16 bytes in some feature combinations; capped for two it takes ~180-190, spill-free.
+DECODE_CTAS_PER_SM = {128: 2}
+
+# split-KV (flash-decoding): splits are added until the grid fills one wave of
+# SPLIT_WAVE_CTAS CTAs per SM, while every split keeps at least MIN_BLOCKS_PER_SPLIT key blocks
+# (its Q load, epilogue and partial write are paid once per split), and at most MAX_SPLITS
+SPLIT_WAVE_CTAS = 4
+MIN_BLOCKS_PER_SPLIT = 4
+MAX_SPLITS = 128
+
+
+def decode_tile(arch: str, dtype: str, head_dim: int) -> TileConfig:
+    budget = Arch.of_name(arch).smem_bytes
+    for block_m, block_n, num_threads in DECODE_TILES[head_dim_class(head_dim)]:
+        cfg = TileConfig(head_dim=head_dim, block_m=block_m, block_n=block_n,
+                         num_threads=num_threads, dtype=dtype)
+        if cfg.smem_bytes() <= budget:
+            return cfg
+    raise ValueError(f"no decode tile of head_dim={head_dim} fits {arch}'s shared memory")
+
+
+def decode_key(arch: str, dtype: str, head_dim: int, causal: bool, *, seqlen_q: int,
+               group: int, page_size: int, seqused_k: bool, split_kv: bool,
+               tile_arch: str | None = None) -> Sm80Key:
+    """The cp.async kernel's key for a call with decode features: a short query (seqlen_q <=
+    DECODE_MAX_SEQLEN_Q: GQA-packed, decode tile), a paged cache, per-entry key counts or
+    split keys. A longer query keeps the prefill tile, unpacked."""
+    tiles = tile_arch or _forced_tile_arch[0] or arch
+    short = seqlen_q <= DECODE_MAX_SEQLEN_Q
+    cfg = decode_tile(tiles, dtype, head_dim) if short else \
+        tile_config(tiles, dtype, head_dim, causal, "sm80")
+    cap = DECODE_CTAS_PER_SM.get(head_dim_class(head_dim), 0) if short else \
+        REGISTER_CAP_CTAS.get((tiles, "sm80", head_dim_class(head_dim), causal), 0)
+    return Sm80Key(arch, causal, cfg, ctas_per_sm=cap, pack_gqa=group if short else 1,
+                   split_kv=split_kv, page_size=page_size, seqused_k=seqused_k)
+
+
+def num_splits_heuristic(tiles: int, n_blocks: int, num_sms: int) -> int:
+    """How many key splits a decode call gets: `tiles` CTAs without splitting (query blocks x
+    K/V heads x batch), `n_blocks` key blocks per query block, `num_sms` on the GPU."""
+    target = num_sms * SPLIT_WAVE_CTAS
+    if tiles >= target or n_blocks < 2 * MIN_BLOCKS_PER_SPLIT:
+        return 1
+    splits = -(-target // tiles)
+    return max(1, min(splits, n_blocks // MIN_BLOCKS_PER_SPLIT, MAX_SPLITS))

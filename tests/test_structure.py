@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cute_fa.backends import ARGUMENTS, REGISTRY, KernelKey, Sm80Key, TmaKey
+from cute_fa.backends import REGISTRY, KernelKey, Sm80Key, TmaKey
 
 PACKAGE = Path(__file__).resolve().parent.parent / "cute_fa"
 
@@ -87,17 +87,20 @@ def test_build_refuses_another_backends_key():
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_kernel_takes_the_registered_arguments(name):
-    """Each kernel's __call__ takes ARGUMENTS in order (tensors, then Float32/Int32 scalars),
-    then the stream: what compiler.fake_arguments builds and interface launches."""
+    """Each kernel's __call__ takes its backend's arguments in order (tensors, then
+    Float32/Int32 scalars), then the stream: what compiler.fake_arguments builds and interface
+    launches."""
     import cutlass
     import cutlass.cute as cute
 
     params = list(inspect.signature(REGISTRY[name].kernel_class().__call__).parameters.values())
     params = params[1:]  # self
-    assert len(params) == len(ARGUMENTS) + 1 and params[-1].name == "stream"
-    kinds = {"qkvo": cute.Tensor, "lse": cute.Tensor, "float32": cutlass.Float32,
-             "int32": cutlass.Int32}
-    for param, (arg, kind) in zip(params, ARGUMENTS):
+    arguments = REGISTRY[name].arguments
+    assert len(params) == len(arguments) + 1 and params[-1].name == "stream"
+    kinds = {"qkvo": cute.Tensor, "out": cute.Tensor, "lse": cute.Tensor,
+             "int32_vector": cute.Tensor, "int32_matrix": cute.Tensor,
+             "float32": cutlass.Float32, "int32": cutlass.Int32}
+    for param, (arg, kind) in zip(params, arguments):
         annotation = param.annotation
         if isinstance(annotation, str):  # from __future__ import annotations
             annotation = eval(annotation, {"cute": cute, "cutlass": cutlass})

@@ -3,18 +3,20 @@
 import cutlass
 import cutlass.cute as cute
 
-from ..layouts import copies, smem
+from ..layouts import copies, mma as mma_mod, smem
 from ..layouts._types import cutlass_dtype
 
 
 @cute.jit
 def store_O(cfg: cutlass.Constexpr, acc_O: cute.Tensor, tiled_mma: cute.TiledMma, sQ: cute.Tensor,
-            gO: cute.Tensor, cO: cute.Tensor, seqlen_q, tidx):
+            gO: cute.Tensor, cO: cute.Tensor, seqlen_q, tidx, row_shift: cutlass.Constexpr = None):
     """Write the normalised O tile: registers -> sO (reusing sQ) -> 16-byte stores to gmem.
 
     The MMA layout scatters a row over a quad; going through smem lets each thread
     store whole 16-byte runs. Rows past seqlen_q and columns past head_dim are skipped.
     gO/cO are the (block_m, head_dim_padded) tile of O and its identity coordinates.
+    row_shift (GQA packing): a function of a row's coordinate giving the element offset from
+    its place in gO to its place in O; seqlen_q then counts the packed rows.
     """
     dtype = cutlass_dtype(cfg.dtype)
     rO = cute.make_fragment_like(acc_O, dtype)
@@ -38,12 +40,20 @@ def store_O(cfg: cutlass.Constexpr, acc_O: cute.Tensor, tiled_mma: cute.TiledMma
     cute.copy(s2g, tOsO, tOrO)
     for m in cutlass.range_constexpr(cute.size(tOgO.shape[1])):
         if tOcO[0, m, 0][0] < seqlen_q:
-            if cutlass.const_expr(cfg.head_dim == cfg.head_dim_padded):
-                cute.copy(s2g, tOrO[None, m, None], tOgO[None, m, None])
+            if cutlass.const_expr(row_shift is None):
+                if cutlass.const_expr(cfg.head_dim == cfg.head_dim_padded):
+                    cute.copy(s2g, tOrO[None, m, None], tOgO[None, m, None])
+                else:
+                    for k in cutlass.range_constexpr(cute.size(tOgO.shape[2])):
+                        if tOcO[0, m, k][1] < cfg.head_dim:
+                            cute.copy(s2g, tOrO[None, m, k], tOgO[None, m, k])
             else:
+                tOgO_m = shifted(tOgO[None, m, None], row_shift(tOcO[0, m, 0][0]))
                 for k in cutlass.range_constexpr(cute.size(tOgO.shape[2])):
-                    if tOcO[0, m, k][1] < cfg.head_dim:
-                        cute.copy(s2g, tOrO[None, m, k], tOgO[None, m, k])
+                    if cutlass.const_expr(cfg.head_dim == cfg.head_dim_padded):
+                        cute.copy(s2g, tOrO[None, m, k], tOgO_m[None, k])
+                    elif tOcO[0, m, k][1] < cfg.head_dim:
+                        cute.copy(s2g, tOrO[None, m, k], tOgO_m[None, k])
 
 
 @cute.jit
@@ -79,3 +89,62 @@ def write_outputs(cfg: cutlass.Constexpr, f, sQ: cute.Tensor, mO: cute.Tensor, m
         quad_bits = sum(f.reduce_offsets)  # distinct powers of two
         store_LSE(lse, query0, f.row_offsets, mLSE[batch, head, None], seqlen_q, tidx,
                   quad_bits)
+
+
+def shifted(t: cute.Tensor, offset) -> cute.Tensor:
+    """`t` moved by `offset` elements, a multiple of 8 (16 bytes: the offsets are sums of
+    strides that the kernels' arguments guarantee to be multiples of 8), so 16-byte copies
+    stay legal. How the kernels reach a row that is not affine in its index: a GQA-packed
+    row, a key in a page."""
+    return cute.make_tensor(t.iterator + cute.assume(offset, divby=8), t.layout)
+
+
+@cute.jit
+def write_outputs_rows(cfg: cutlass.Constexpr, f, sQ: cute.Tensor, mO: cute.Tensor,
+                       mLSE: cute.Tensor, tile, rows: cutlass.Constexpr, seqlen_q, write_lse,
+                       tidx):
+    """`write_outputs` for tiles whose rows are GQA-packed (`work.QueryRows`) or whose
+    outputs are a split's float32 partials (mO float32, indexed by tile.out_batch).
+
+    A 16-bit O goes through smem like `write_outputs`, each row shifted to its (query, head);
+    a float32 partial O is stored straight from the accumulator (decode's partials are small,
+    and an fp32 tile would not fit in sQ's bytes)."""
+    bm, dp = cfg.block_m, cfg.head_dim_padded
+    lse = cute.make_rmem_tensor(cute.size(f.softmax.row_max), cutlass.Float32)
+    f.softmax.finalize(f.acc_O_mn, lse)
+    n_rows = rows.count(seqlen_q)
+    out_batch = tile.batch if cutlass.const_expr(tile.out_batch is None) else tile.out_batch
+    row_base = tile.m_block * bm
+    if cutlass.const_expr(mO.element_type == cutlass.Float32):
+        cO = cute.make_identity_tensor((bm, dp))
+        tOcO = f.thr_mma.partition_C(cO)
+        tOcO_mn = cute.make_tensor(tOcO.iterator, mma_mod.acc_rowcol_layout(tOcO.layout))
+        for r in cutlass.range_constexpr(cute.size(tOcO_mn.shape[0])):
+            o_row = row_base + tOcO_mn[r, 0][0]
+            if o_row < n_rows:
+                gO_row = mO[out_batch, rows.query(o_row), rows.head(tile.head, o_row), None]
+                for c in cutlass.range_constexpr(cute.size(tOcO_mn.shape[1])):
+                    col = tOcO_mn[r, c][1]
+                    if cutlass.const_expr(cfg.head_dim == cfg.head_dim_padded):
+                        gO_row[col] = f.acc_O_mn[r, c]
+                    elif col < cfg.head_dim:
+                        gO_row[col] = f.acc_O_mn[r, c]
+    else:
+        cO = cute.local_tile(cute.make_identity_tensor((n_rows, cfg.head_dim)), (bm, dp),
+                             (tile.m_block, 0))
+        # the tile of query rows 0..bm-1 of the group's first head: each row is shifted from
+        # its place there to its (query, head)
+        gO = cute.local_tile(mO[out_batch, None, tile.head, None], (bm, dp), (0, 0))
+        stride_q, stride_h = mO.stride[1], mO.stride[2]
+
+        def row_shift(row):
+            return rows.offset(row, row - row_base, stride_q, stride_h)
+
+        store_O(cfg, f.acc_O, f.tiled_mma, sQ, gO, cO, n_rows, tidx, row_shift)
+    if write_lse != 0:
+        quad_bits = sum(f.reduce_offsets)
+        if tidx & quad_bits == 0:
+            for r in cutlass.range_constexpr(len(f.row_offsets)):
+                lse_row = row_base + f.row0 + f.row_offsets[r]
+                if lse_row < n_rows:
+                    mLSE[out_batch, rows.head(tile.head, lse_row), rows.query(lse_row)] = lse[r]

@@ -31,7 +31,7 @@ from ..layouts._types import cutlass_dtype
 from . import epilogue, mask
 from .launch import occupancy_options
 from .thread_mma import ThreadMma
-from .work import BlockInfo, SeqlenInfo, SingleTileScheduler
+from .work import BlockInfo, QueryRows, SeqlenInfo, SingleTileScheduler
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,8 @@ class RoundSlot:
 @dataclass(frozen=True)
 class RoundContext:
     """What every round reads: the thread's MMA state, its mask coordinates, the lengths, the
-    number of key blocks, and the variant's load state (`loads`)."""
+    key blocks [n_block_min, n_block_max) it visits (with split-KV: its split's share of the
+    n_block_total the query block sees), and the variant's load state (`loads`)."""
 
     thr: ThreadMma
     mask_at: MaskCoords
@@ -66,6 +67,8 @@ class RoundContext:
     causal_offset: object
     n_block_max: object
     loads: object
+    n_block_min: object = 0
+    n_block_total: object = None
 
 
 class FlashFwdBase:
@@ -74,8 +77,14 @@ class FlashFwdBase:
         self.cfg = cfg
         self.causal = key.causal
         self.ctas_per_sm = key.ctas_per_sm
-        self.scheduler = SingleTileScheduler(cfg.block_m, key.causal)
-        self.block_info = BlockInfo(cfg.block_m, cfg.block_n, key.causal)
+        # decode features (fields of the cp.async kernel's key; absent: off)
+        self.group = getattr(key, "pack_gqa", 1)
+        self.split_kv = getattr(key, "split_kv", False)
+        self.page_size = getattr(key, "page_size", 0)
+        self.seqused_k = getattr(key, "seqused_k", False)
+        self.rows = QueryRows(self.group)
+        self.scheduler = SingleTileScheduler(cfg.block_m, key.causal, self.group, self.split_kv)
+        self.block_info = BlockInfo(cfg.block_m, cfg.block_n, key.causal, self.group)
         self.mask_steps = self.block_info.masked_rounds()
 
     def _launch(self, kernel_call, grid, storage, stream):
@@ -89,18 +98,25 @@ class FlashFwdBase:
         return tile, self.block_info.n_block_max(seqlen, tile.m_block, causal_offset)
 
     def _context(self, thr: ThreadMma, m_block, seqlen: SeqlenInfo, causal_offset,
-                 n_block_max, loads) -> RoundContext:
+                 n_block_max, loads, n_block_min=0, n_block_total=None) -> RoundContext:
         query0 = m_block * self.cfg.block_m + thr.row0
         return RoundContext(thr, MaskCoords(thr.row_offsets, thr.col_offsets, query0, thr.col0),
-                            seqlen, causal_offset, n_block_max, loads)
+                            seqlen, causal_offset, n_block_max, loads, n_block_min,
+                            n_block_total)
 
     @cute.jit
     def _rounds(self, ctx: RoundContext):
         """Every K/V round, one loop body (one copy of it to trace and compile): the rounds
-        that may need masking come first and mask under a uniform branch."""
-        n_masked = cutlass.min(ctx.n_block_max, self.mask_steps)
-        for i in range(0, ctx.n_block_max, 1):
-            self._round(ctx, i, i < n_masked)
+        that may need masking come first and mask under a uniform branch. With split-KV only
+        the split holding the last visible blocks masks."""
+        if cutlass.const_expr(self.split_kv):
+            first_masked = ctx.n_block_total - self.mask_steps
+            for i in range(0, ctx.n_block_max - ctx.n_block_min, 1):
+                self._round(ctx, i, ctx.n_block_max - 1 - i >= first_masked)
+        else:
+            n_masked = cutlass.min(ctx.n_block_max, self.mask_steps)
+            for i in range(0, ctx.n_block_max, 1):
+                self._round(ctx, i, i < n_masked)
 
     @cute.jit
     def _round(self, ctx: RoundContext, i, masked):
@@ -118,7 +134,7 @@ class FlashFwdBase:
             at = ctx.mask_at
             mask.apply_mask(acc_S_mn, at.row_offsets, at.col_offsets, at.query0,
                             slot.n_block * cfg.block_n + at.col0, ctx.seqlen.seqlen_k,
-                            ctx.causal_offset, self.causal)
+                            ctx.causal_offset, self.causal, self.group)
         scale = thr.softmax.step(acc_S_mn)
         thr.softmax.rescale_O(thr.acc_O_mn, scale)
         self.after_softmax(ctx, slot)
@@ -131,9 +147,13 @@ class FlashFwdBase:
         self.after_round(ctx, slot)
 
     def _epilogue(self, ctx: RoundContext, sQ, mO, mLSE, tile, write_lse, tidx):
-        epilogue.write_outputs(self.cfg, ctx.thr, sQ, mO, mLSE, tile.batch, tile.head,
-                               tile.m_block, ctx.seqlen.seqlen_q, ctx.mask_at.query0, write_lse,
-                               tidx)
+        if cutlass.const_expr(self.group == 1 and not self.split_kv):
+            epilogue.write_outputs(self.cfg, ctx.thr, sQ, mO, mLSE, tile.batch, tile.head,
+                                   tile.m_block, ctx.seqlen.seqlen_q, ctx.mask_at.query0,
+                                   write_lse, tidx)
+        else:
+            epilogue.write_outputs_rows(self.cfg, ctx.thr, sQ, mO, mLSE, tile, self.rows,
+                                        ctx.seqlen.seqlen_q, write_lse, tidx)
 
     # the variant's hooks; a hook with nothing to do is left as is
     def round_slot(self, ctx: RoundContext, i) -> RoundSlot:

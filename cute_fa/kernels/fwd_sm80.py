@@ -34,8 +34,10 @@ import cutlass.cute as cute
 import cutlass.memory
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ..layouts import copies, smem
+from . import epilogue
 from .fwd_base import FlashFwdBase, RoundContext, RoundSlot
 from .gemm import gemm_ldmatrix
 from .softmax import LOG2_E
@@ -47,7 +49,7 @@ from .work import SeqlenInfo
 @dataclass(frozen=True)
 class Sm80Loads:
     """The cp.async side of a round: the tiled copy and the K/V tiles it moves (gmem source,
-    smem destination, identity coordinates of a tile's rows)."""
+    smem destination, identity coordinates of a tile's rows), and the page table if paged."""
 
     g2s: object
     tKgK: object
@@ -55,6 +57,18 @@ class Sm80Loads:
     tVgV: object
     tVsV: object
     tKVcKV: object
+    paged: object = None
+
+
+@dataclass(frozen=True)
+class PagedKV:
+    """A paged K/V cache: this batch entry's row of the page table (page indices, int32) and
+    the cache's page and row strides; key j is row j % page_size of page page_table[j //
+    page_size]."""
+
+    page_table: object
+    stride_page: object
+    stride_row: object
 
 
 class FlashFwdSm80(FlashFwdBase):
@@ -63,34 +77,68 @@ class FlashFwdSm80(FlashFwdBase):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32,
-                 write_lse: cutlass.Int32, stream):
+                 write_lse: cutlass.Int32, mSeqUsedK: cute.Tensor, mPageTable: cute.Tensor,
+                 num_splits: cutlass.Int32, stream):
         cfg = self.cfg
         sQ_layout = smem.smem_layout_q(cfg)
         sKV_layout = smem.smem_layout_kv(cfg)
         SharedStorage = smem.shared_storage(cfg)
 
-        grid = self.scheduler.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0])
+        # the decode arguments reach the device only where the key asks for them
+        seqused = mSeqUsedK if cutlass.const_expr(self.seqused_k) else None
+        page_table = mPageTable if cutlass.const_expr(self.page_size > 0) else None
+        splits = num_splits if cutlass.const_expr(self.split_kv) else None
+        grid = self.scheduler.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0], num_splits)
         self._launch(self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset,
-                                 write_lse, sQ_layout, sKV_layout, SharedStorage),
+                                 write_lse, sQ_layout, sKV_layout, SharedStorage, seqused,
+                                 page_table, splits),
                      grid, SharedStorage, stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                mLSE: cute.Tensor, scale_log2: cutlass.Float32, causal_offset: cutlass.Int32,
                write_lse: cutlass.Int32, sQ_layout: cute.ComposedLayout,
-               sKV_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr):
+               sKV_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr,
+               mSeqUsedK: Optional[cute.Tensor], mPageTable: Optional[cute.Tensor],
+               num_splits: Optional[cutlass.Int32]):
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
-        seqlen = SeqlenInfo(mQ.shape[1], mK.shape[1])
-        # K/V tiles are walked from n_block_max - 1 down to 0
-        tile, n_block_max = self._work(mQ.shape[2], mK.shape[2], seqlen, causal_offset)
+        n_block_min, n_block_total = 0, None
+        if cutlass.const_expr(self.group == 1 and not self.split_kv and not self.seqused_k
+                              and self.page_size == 0):
+            seqlen = SeqlenInfo(mQ.shape[1], mK.shape[1])
+            # K/V tiles are walked from n_block_max - 1 down to 0
+            tile, n_block_max = self._work(mQ.shape[2], mK.shape[2], seqlen, causal_offset)
+        else:
+            tile = self.scheduler.tile(mQ.shape[2], mK.shape[2], mQ.shape[0])
+            seqlen_k = mK.shape[1]
+            if cutlass.const_expr(self.page_size > 0):
+                seqlen_k = mPageTable.shape[1] * self.page_size
+            if cutlass.const_expr(self.seqused_k):
+                seqlen_k = mSeqUsedK[tile.batch]
+            seqlen = SeqlenInfo(mQ.shape[1], seqlen_k)
+            if cutlass.const_expr(self.seqused_k or self.page_size > 0):
+                causal_offset = seqlen_k - seqlen.seqlen_q  # bottom-right, per batch entry
+            n_block_max = self.block_info.n_block_max(seqlen, tile.m_block, causal_offset)
+            if cutlass.const_expr(self.split_kv):
+                n_block_total = n_block_max
+                n_block_min, n_block_max = self.block_info.split_range(n_block_total, tile.split,
+                                                                       num_splits)
         m_block, head, batch, head_kv = tile.m_block, tile.head, tile.batch, tile.head_kv
+        n_rows = self.rows.count(seqlen.seqlen_q)
 
-        gQ = cute.local_tile(mQ[batch, None, head, None], (bm, dp), (m_block, 0))
-        gK = cute.local_tile(mK[batch, None, head_kv, None], (bn, dp), (None, 0))
-        gV = cute.local_tile(mV[batch, None, head_kv, None], (bn, dp), (None, 0))
-        cQ = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_q, cfg.head_dim)),
+        if cutlass.const_expr(self.group == 1):
+            gQ = cute.local_tile(mQ[batch, None, head, None], (bm, dp), (m_block, 0))
+        else:  # query rows 0..bm-1 of the group's first head; each row is shifted to its own
+            gQ = cute.local_tile(mQ[batch, None, head, None], (bm, dp), (0, 0))
+        if cutlass.const_expr(self.page_size > 0):  # rows 0..bn-1 of page 0, shifted per row
+            gK = cute.local_tile(mK[0, None, head_kv, None], (bn, dp), (0, 0))
+            gV = cute.local_tile(mV[0, None, head_kv, None], (bn, dp), (0, 0))
+        else:
+            gK = cute.local_tile(mK[batch, None, head_kv, None], (bn, dp), (None, 0))
+            gV = cute.local_tile(mV[batch, None, head_kv, None], (bn, dp), (None, 0))
+        cQ = cute.local_tile(cute.make_identity_tensor((n_rows, cfg.head_dim)),
                              (bm, dp), (m_block, 0))
         cKV = cute.make_identity_tensor((bn, dp))
 
@@ -105,24 +153,32 @@ class FlashFwdSm80(FlashFwdBase):
         tQgQ = thr_g2s.partition_S(gQ)
         tQsQ = thr_g2s.partition_D(sQ)
         tQcQ = thr_g2s.partition_S(cQ)
+        paged = None
+        if cutlass.const_expr(self.page_size > 0):
+            paged = PagedKV(mPageTable[batch, None], mK.stride[0], mK.stride[1])
         loads = Sm80Loads(g2s, thr_g2s.partition_S(gK), thr_g2s.partition_D(sK),
                           thr_g2s.partition_S(gV), thr_g2s.partition_D(sV),
-                          thr_g2s.partition_S(cKV))
+                          thr_g2s.partition_S(cKV), paged)
 
-        # Q: rows past seqlen_q are zeros
+        # Q: rows past seqlen_q (packed: past the group's rows) are zeros
         for m in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
-            if tQcQ[0, m, 0][0] < seqlen.seqlen_q:
-                self._copy_row(g2s, tQgQ[None, m, None], tQsQ[None, m, None], tQcQ[None, m, None])
+            row = tQcQ[0, m, 0][0]
+            if row < n_rows:
+                tQgQ_m = tQgQ[None, m, None]
+                if cutlass.const_expr(self.group > 1):
+                    tQgQ_m = epilogue.shifted(tQgQ_m, self.rows.offset(
+                        row, row - m_block * bm, mQ.stride[1], mQ.stride[2]))
+                self._copy_row(g2s, tQgQ_m, tQsQ[None, m, None], tQcQ[None, m, None])
             else:
                 tQsQ[None, m, None].fill(0.0)
 
         thr = thread_mma(cfg, tidx, sQ, sK, sVt, sK, sVt, scale_log2)
-        if n_block_max > 0:
-            self._load_kv(g2s, loads.tKgK, loads.tKsK, loads.tKVcKV, n_block_max - 1,
-                          seqlen.seqlen_k, True)
+        if n_block_max > n_block_min:
+            self._load_kv(loads, loads.tKgK, loads.tKsK, n_block_max - 1, seqlen.seqlen_k, True)
         cute.arch.cp_async_commit_group()
 
-        ctx = self._context(thr, m_block, seqlen, causal_offset, n_block_max, loads)
+        ctx = self._context(thr, m_block, seqlen, causal_offset, n_block_max, loads,
+                            n_block_min, n_block_total)
         self._rounds(ctx)
         self._epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx)
 
@@ -141,19 +197,33 @@ class FlashFwdSm80(FlashFwdBase):
                     dst[None, k].fill(0.0)
 
     @cute.jit
-    def _load_kv(self, g2s: cute.TiledCopy, tXgX: cute.Tensor, tXsX: cute.Tensor,
-                 tKVcKV: cute.Tensor, n_block, seqlen_k, check_rows: cutlass.Constexpr):
-        """Start the cp.async of one K or V tile; with check_rows, rows past seqlen_k become zeros."""
+    def _load_kv(self, ld: "Sm80Loads", tXgX: cute.Tensor, tXsX: cute.Tensor, n_block, seqlen_k,
+                 check_rows: cutlass.Constexpr):
+        """Start the cp.async of one K or V tile; with check_rows, rows past seqlen_k become
+        zeros. Paged, each row is shifted from page 0 to its page (rows past seqlen_k are
+        never looked up: their page-table entry may not exist)."""
         for m in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
             if cutlass.const_expr(check_rows):
-                if n_block * self.cfg.block_n + tKVcKV[0, m, 0][0] < seqlen_k:
-                    self._copy_row(g2s, tXgX[None, m, None, n_block], tXsX[None, m, None],
-                                   tKVcKV[None, m, None])
+                if n_block * self.cfg.block_n + ld.tKVcKV[0, m, 0][0] < seqlen_k:
+                    self._copy_row(ld.g2s, self._row_source(ld, tXgX, n_block, m),
+                                   tXsX[None, m, None], ld.tKVcKV[None, m, None])
                 else:
                     tXsX[None, m, None].fill(0.0)
             else:
-                self._copy_row(g2s, tXgX[None, m, None, n_block], tXsX[None, m, None],
-                               tKVcKV[None, m, None])
+                self._copy_row(ld.g2s, self._row_source(ld, tXgX, n_block, m),
+                               tXsX[None, m, None], ld.tKVcKV[None, m, None])
+
+    def _row_source(self, ld: "Sm80Loads", tXgX: cute.Tensor, n_block, m):
+        """Row m of the thread's copy of key block n_block: the block's row (dense), or row
+        `row` of page 0 moved to key n_block * block_n + row's page and slot (paged)."""
+        if cutlass.const_expr(ld.paged is None):
+            return tXgX[None, m, None, n_block]
+        row = ld.tKVcKV[0, m, 0][0]
+        key = n_block * self.cfg.block_n + row
+        page = ld.paged.page_table[key // self.page_size]
+        slot = key % self.page_size
+        return epilogue.shifted(tXgX[None, m, None], page * ld.paged.stride_page
+                                + (slot - row) * ld.paged.stride_row)
 
     # ---- the round's hooks (fwd_base.FlashFwdBase._round) ----
 
@@ -169,11 +239,9 @@ class FlashFwdSm80(FlashFwdBase):
         # only the first round's tile can cross seqlen_k; predicating every round's rows
         # measured 2-5% slower at head_dim 128 on the H200
         if masked:
-            self._load_kv(ld.g2s, ld.tVgV, ld.tVsV, ld.tKVcKV, slot.n_block, ctx.seqlen.seqlen_k,
-                          True)
+            self._load_kv(ld, ld.tVgV, ld.tVsV, slot.n_block, ctx.seqlen.seqlen_k, True)
         else:
-            self._load_kv(ld.g2s, ld.tVgV, ld.tVsV, ld.tKVcKV, slot.n_block, ctx.seqlen.seqlen_k,
-                          False)
+            self._load_kv(ld, ld.tVgV, ld.tVsV, slot.n_block, ctx.seqlen.seqlen_k, False)
         cute.arch.cp_async_commit_group()
 
     def gemm_s(self, ctx: RoundContext, slot: RoundSlot, acc_S):
@@ -188,9 +256,8 @@ class FlashFwdSm80(FlashFwdBase):
         ld = ctx.loads
         cute.arch.cp_async_wait_group(0)
         cute.arch.barrier()
-        if slot.n_block > 0:
-            self._load_kv(ld.g2s, ld.tKgK, ld.tKsK, ld.tKVcKV, slot.n_block - 1,
-                          ctx.seqlen.seqlen_k, False)
+        if slot.n_block > ctx.n_block_min:
+            self._load_kv(ld, ld.tKgK, ld.tKsK, slot.n_block - 1, ctx.seqlen.seqlen_k, False)
         cute.arch.cp_async_commit_group()
 
     def gemm_o(self, ctx: RoundContext, slot: RoundSlot, tOrP):

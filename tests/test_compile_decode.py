@@ -1,0 +1,66 @@
+"""The decode kernels (GQA packing, split-KV partials, paged and seqused_k caches) and the merge
+kernel compile on the CPU for sm_80, sm_90a and sm_120a, without register spills, with the
+instructions they are made of; the keys `forward` builds for decode calls are these."""
+
+import re
+
+import pytest
+
+from cute_fa.backends import MergeKey
+from cute_fa.compiler import compile_kernel, ptxas_resources
+from cute_fa.tuning import SMEM_BYTES, decode_key
+
+ARCHS = ["sm_80", "sm_90a", "sm_120a"]
+
+# (head_dim, causal, seqlen_q, group, page_size, seqused_k, split_kv): a decode step of a
+# GQA model split over CTAs; a paged, growing cache with an odd page size; MQA with every
+# feature; a longer query (chunked prefill) against a paged cache, which keeps the prefill tile
+FEATURES = [
+    (64, True, 1, 4, 0, False, True),
+    (128, True, 1, 4, 0, False, True),
+    (128, False, 4, 8, 48, True, False),
+    (128, True, 16, 8, 256, True, True),
+    (256, True, 1, 8, 64, True, True),
+    (96, False, 2, 1, 16, False, True),
+    (192, False, 1, 4, 0, False, False),
+    (128, True, 128, 4, 64, True, False),
+]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("features", FEATURES, ids=lambda f: "-".join(map(str, f)))
+def test_decode_kernel_compiles_without_spills(arch, features):
+    head_dim, causal, seqlen_q, group, page_size, seqused_k, split_kv = features
+    key = decode_key(arch, "bfloat16", head_dim, causal, seqlen_q=seqlen_q, group=group,
+                     page_size=page_size, seqused_k=seqused_k, split_kv=split_kv)
+    assert key.pack_gqa == (group if seqlen_q <= 16 else 1)
+    assert key.tile.smem_bytes() <= SMEM_BYTES[arch]
+    ptx = compile_kernel(key, keep_ptx=True).__ptx__
+    assert re.search(rf"^\.target {arch}\b", ptx, re.M)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    # K/V (paged: shifted per row) still move with 16-byte cp.async
+    assert re.search(r"cp\.async\.cg\.shared\.global(\.L2::128B)? \[[^\]]+\], \[[^\]]+\], 16",
+                     ptx)
+    if split_kv:  # float32 partials leave as 32-bit stores, not through smem as 16-bit O
+        assert "st.global.b32" in ptx or "st.global.f32" in ptx
+    res = ptxas_resources(ptx, arch)
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("head_dim, in_dtype, out_dtype", [
+    (128, "float32", "bfloat16"), (64, "float32", "float16"), (256, "bfloat16", "bfloat16"),
+    (96, "float32", "float32")])
+def test_merge_kernel_compiles(arch, head_dim, in_dtype, out_dtype):
+    ptx = compile_kernel(MergeKey(arch, head_dim, in_dtype, out_dtype), keep_ptx=True).__ptx__
+    assert re.search(rf"^\.target {arch}\b", ptx, re.M)
+    assert "ex2.approx" in ptx and "lg2.approx" in ptx  # the weights and the merged LSE
+    res = ptxas_resources(ptx, arch)
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
+
+
+def test_merge_rejects_a_head_dim_it_cannot_vectorise():
+    from cute_fa.kernels.merge import MergeAttention
+
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 4"):
+        MergeAttention(MergeKey("sm_90a", 6, "float32", "bfloat16"))
