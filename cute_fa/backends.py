@@ -35,8 +35,10 @@ class Sm80Key(KernelKey):
     """The cp.async kernel (`kernels/fwd_sm80.py`) and its decode features: pack_gqa query heads
     per K/V head share a tile (1: no packing); split_kv writes float32 partial O and LSE per
     key split, for `merge_attention`; page_size > 0 reads K/V from a paged cache through a page
-    table; seqused_k takes each batch entry's key count from a tensor."""
+    table; seqused_k takes each batch entry's key count from a tensor. kv_stages 0: one K
+    and one V buffer; >= 2: a ring of that many K/V stages loading whole rounds ahead."""
 
+    kv_stages: int = 0
     pack_gqa: int = 1
     split_kv: bool = False
     page_size: int = 0
@@ -44,6 +46,8 @@ class Sm80Key(KernelKey):
     backend: ClassVar[str] = "sm80"
 
     def __post_init__(self):
+        if self.kv_stages == 1 or self.kv_stages < 0:
+            raise ValueError(f"kv_stages must be 0 or at least 2, got {self.kv_stages}")
         if self.pack_gqa < 1:
             raise ValueError(f"pack_gqa must be at least 1, got {self.pack_gqa}")
         if self.page_size < 0 or self.page_size % 16:

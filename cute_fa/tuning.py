@@ -200,6 +200,15 @@ DECODE_TILES = {64: [(64, 128, 128), (64, 64, 128)], 128: [(64, 64, 128)],
 # 12-16 bytes in some feature combinations; capped for two it takes ~180-190, spill-free.
 DECODE_CTAS_PER_SM = {128: 2}
 
+# head_dim class -> K/V stages of the decode kernel's ring (at most; fewer where two CTAs' worth
+# does not fit the SM's shared memory); absent or 0: prefill's single K and V buffers (at
+# head_dim 192 and 256 the ring spills a few bytes on sm_120a, and it was not timed). On the H200 (10 decode shapes,
+# docs/perf/2026-12-01-h200-decode/sweep_stages.txt) 2 stages had the best geometric mean time,
+# by a few percent over 0 and 3; which one wins depends on the shape (0 at batch 32-64).
+# One-warp tiles of 16 packed rows (sweep_variants.txt) were faster at large batch and head_dim
+# 64 but slower at batch 1-4 and with Sq=4, so the 4-warp 64-row tile stays.
+DECODE_KV_STAGES = {64: 2, 128: 2}
+
 # split-KV (flash-decoding): splits are added until the grid fills one wave of
 # SPLIT_WAVE_CTAS CTAs per SM, while every split keeps at least MIN_BLOCKS_PER_SPLIT key blocks
 # (its Q load, epilogue and partial write are paid once per split), and at most MAX_SPLITS
@@ -230,8 +239,13 @@ def decode_key(arch: str, dtype: str, head_dim: int, causal: bool, *, seqlen_q: 
         tile_config(tiles, dtype, head_dim, causal, "sm80")
     cap = DECODE_CTAS_PER_SM.get(head_dim_class(head_dim), 0) if short else \
         REGISTER_CAP_CTAS.get((tiles, "sm80", head_dim_class(head_dim), causal), 0)
-    return Sm80Key(arch, causal, cfg, ctas_per_sm=cap, pack_gqa=group if short else 1,
-                   split_kv=split_kv, page_size=page_size, seqused_k=seqused_k)
+    stages = 0
+    ring = DECODE_KV_STAGES.get(head_dim_class(head_dim), 0)
+    if short and ring >= 2:
+        stages = max_kv_stages(cfg, Arch.of_name(tiles).smem_bytes, ctas_per_sm=2, cap=ring)
+    return Sm80Key(arch, causal, cfg, ctas_per_sm=cap, kv_stages=stages if stages >= 2 else 0,
+                   pack_gqa=group if short else 1, split_kv=split_kv, page_size=page_size,
+                   seqused_k=seqused_k)
 
 
 def num_splits_heuristic(tiles: int, n_blocks: int, num_sms: int) -> int:

@@ -72,7 +72,14 @@ class PagedKV:
 
 
 class FlashFwdSm80(FlashFwdBase):
-    """Built from an `Sm80Key` (`FlashFwdBase.__init__`)."""
+    """Built from an `Sm80Key`. kv_stages 0: one K and one V buffer, V's load under
+    S = Q K^T and the next K's under P V (prefill's scheme). kv_stages >= 2 (decode): a ring of
+    K/V stages, whole rounds loading ahead, so that more bytes are in flight per CTA when
+    the MMAs are too short to hide a load."""
+
+    def __init__(self, key):
+        super().__init__(key)
+        self.kv_stages = key.kv_stages
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
@@ -81,8 +88,8 @@ class FlashFwdSm80(FlashFwdBase):
                  num_splits: cutlass.Int32, stream):
         cfg = self.cfg
         sQ_layout = smem.smem_layout_q(cfg)
-        sKV_layout = smem.smem_layout_kv(cfg)
-        SharedStorage = smem.shared_storage(cfg)
+        sKV_layout = smem.smem_layout_kv(cfg, self.kv_stages)
+        SharedStorage = smem.shared_storage(cfg, self.kv_stages)
 
         # the decode arguments reach the device only where the key asks for them
         seqused = mSeqUsedK if cutlass.const_expr(self.seqused_k) else None
@@ -146,7 +153,7 @@ class FlashFwdSm80(FlashFwdBase):
         sQ = storage.sQ.get_tensor(sQ_layout)
         sK = storage.sK.get_tensor(sKV_layout)
         sV = storage.sV.get_tensor(sKV_layout)
-        sVt = smem.transposed_v(sV, cfg)
+        sVt = smem.transposed_v(sV, cfg, self.kv_stages)
 
         g2s = copies.gmem_tiled_copy_qkv(cfg)
         thr_g2s = g2s.get_slice(tidx)
@@ -172,10 +179,24 @@ class FlashFwdSm80(FlashFwdBase):
             else:
                 tQsQ[None, m, None].fill(0.0)
 
-        thr = thread_mma(cfg, tidx, sQ, sK, sVt, sK, sVt, scale_log2)
-        if n_block_max > n_block_min:
-            self._load_kv(loads, loads.tKgK, loads.tKsK, n_block_max - 1, seqlen.seqlen_k, True)
-        cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(self.kv_stages == 0):
+            thr = thread_mma(cfg, tidx, sQ, sK, sVt, sK, sVt, scale_log2)
+            if n_block_max > n_block_min:
+                self._load_kv(loads, loads.tKgK, loads.tKsK, n_block_max - 1, seqlen.seqlen_k,
+                              True)
+            cute.arch.cp_async_commit_group()
+        else:
+            thr = thread_mma(cfg, tidx, sQ, sK, sVt, sK[None, None, 0], sVt[None, None, 0],
+                             scale_log2)
+            # the ring's first stages: one cp.async group per stage, empty past the last block,
+            # so that round i always waits for the i-th group
+            for stage in cutlass.range_constexpr(self.kv_stages):
+                if n_block_max - 1 - stage >= n_block_min:
+                    self._load_kv(loads, loads.tKgK, loads.tKsK[None, None, None, stage],
+                                  n_block_max - 1 - stage, seqlen.seqlen_k, True)
+                    self._load_kv(loads, loads.tVgV, loads.tVsV[None, None, None, stage],
+                                  n_block_max - 1 - stage, seqlen.seqlen_k, True)
+                cute.arch.cp_async_commit_group()
 
         ctx = self._context(thr, m_block, seqlen, causal_offset, n_block_max, loads,
                             n_block_min, n_block_total)
@@ -228,39 +249,68 @@ class FlashFwdSm80(FlashFwdBase):
     # ---- the round's hooks (fwd_base.FlashFwdBase._round) ----
 
     def round_slot(self, ctx: RoundContext, i) -> RoundSlot:
-        return RoundSlot(i, ctx.n_block_max - 1 - i)
+        if cutlass.const_expr(self.kv_stages == 0):
+            return RoundSlot(i, ctx.n_block_max - 1 - i)
+        return RoundSlot(i, ctx.n_block_max - 1 - i, i % self.kv_stages)
 
     @cute.jit
     def before_s(self, ctx: RoundContext, slot: RoundSlot, masked):
-        """K of this round has landed (every thread's copies: a CTA barrier); start V's."""
+        """K of this round has landed (every thread's copies: a CTA barrier); start V's.
+        With a ring: this round's K and V have landed (the younger stages may still load)."""
         ld = ctx.loads
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.barrier()
-        # only the first round's tile can cross seqlen_k; predicating every round's rows
-        # measured 2-5% slower at head_dim 128 on the H200
-        if masked:
-            self._load_kv(ld, ld.tVgV, ld.tVsV, slot.n_block, ctx.seqlen.seqlen_k, True)
+        if cutlass.const_expr(self.kv_stages > 0):
+            cute.arch.cp_async_wait_group(self.kv_stages - 1)
+            cute.arch.barrier()
         else:
-            self._load_kv(ld, ld.tVgV, ld.tVsV, slot.n_block, ctx.seqlen.seqlen_k, False)
-        cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+            # only the first round's tile can cross seqlen_k; predicating every round's rows
+            # measured 2-5% slower at head_dim 128 on the H200
+            if masked:
+                self._load_kv(ld, ld.tVgV, ld.tVsV, slot.n_block, ctx.seqlen.seqlen_k, True)
+            else:
+                self._load_kv(ld, ld.tVgV, ld.tVsV, slot.n_block, ctx.seqlen.seqlen_k, False)
+            cute.arch.cp_async_commit_group()
 
     def gemm_s(self, ctx: RoundContext, slot: RoundSlot, acc_S):
         thr = ctx.thr
-        gemm_ldmatrix(thr.tiled_mma, acc_S, thr.tSrQ, thr.tSrK, thr.s2r_k, thr.ldsm["tSsK"],
+        tSsK = thr.ldsm["tSsK"]
+        if cutlass.const_expr(self.kv_stages > 0):
+            tSsK = tSsK[None, None, None, slot.stage]
+        gemm_ldmatrix(thr.tiled_mma, acc_S, thr.tSrQ, thr.tSrK, thr.s2r_k, tSsK,
                       thr.ldsm["tSrK_view"], thr.s2r_q, thr.ldsm["tSsQ"], thr.ldsm["tSrQ_view"],
                       fine=False)
 
     @cute.jit
     def after_softmax(self, ctx: RoundContext, slot: RoundSlot):
         """V has landed; start the next round's K under P @ V."""
-        ld = ctx.loads
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.barrier()
-        if slot.n_block > ctx.n_block_min:
-            self._load_kv(ld, ld.tKgK, ld.tKsK, slot.n_block - 1, ctx.seqlen.seqlen_k, False)
-        cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(self.kv_stages == 0):
+            ld = ctx.loads
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+            if slot.n_block > ctx.n_block_min:
+                self._load_kv(ld, ld.tKgK, ld.tKsK, slot.n_block - 1, ctx.seqlen.seqlen_k, False)
+            cute.arch.cp_async_commit_group()
 
     def gemm_o(self, ctx: RoundContext, slot: RoundSlot, tOrP):
         thr = ctx.thr
-        gemm_ldmatrix(thr.tiled_mma, thr.acc_O, tOrP, thr.tOrVt, thr.s2r_v, thr.ldsm["tOsVt"],
+        tOsVt = thr.ldsm["tOsVt"]
+        if cutlass.const_expr(self.kv_stages > 0):
+            tOsVt = tOsVt[None, None, None, slot.stage]
+        gemm_ldmatrix(thr.tiled_mma, thr.acc_O, tOrP, thr.tOrVt, thr.s2r_v, tOsVt,
                       thr.ldsm["tOrVt_view"])
+
+    @cute.jit
+    def after_round(self, ctx: RoundContext, slot: RoundSlot):
+        """With a ring: once every warp is done with this stage, refill it with the block
+        kv_stages rounds ahead (a full block: only the first round's can cross seqlen_k)."""
+        if cutlass.const_expr(self.kv_stages > 0):
+            ld = ctx.loads
+            cute.arch.barrier()
+            n_next = slot.n_block - self.kv_stages
+            if n_next >= ctx.n_block_min:
+                self._load_kv(ld, ld.tKgK, ld.tKsK[None, None, None, slot.stage], n_next,
+                              ctx.seqlen.seqlen_k, False)
+                self._load_kv(ld, ld.tVgV, ld.tVsV[None, None, None, slot.stage], n_next,
+                              ctx.seqlen.seqlen_k, False)
+            cute.arch.cp_async_commit_group()

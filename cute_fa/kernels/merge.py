@@ -24,6 +24,7 @@ from ..layouts._types import cutlass_dtype
 
 THREADS = 128
 VEC = 4
+UNROLL = 8
 
 
 class MergeAttention:
@@ -62,12 +63,14 @@ class MergeAttention:
             b = bs // seqlen
             parts = mOp.shape[0]
             lse_max = -cutlass.Float32.inf
-            for p in range(0, parts, 1):
+            # unrolled: the parts' loads are independent, and a rolled loop would wait out one
+            # memory latency per part (split-KV at batch 1 merges 60+ parts per row)
+            for p in cutlass.range(0, parts, 1, unroll=UNROLL):
                 lse_max = cute.arch.fmax(lse_max, mLSEp[p, b, h, s])
             acc = cute.make_rmem_tensor(VEC, cutlass.Float32)
             acc.fill(0.0)
             total = cutlass.Float32(0.0)
-            for p in range(0, parts, 1):
+            for p in cutlass.range(0, parts, 1, unroll=UNROLL):
                 lse_p = mLSEp[p, b, h, s]
                 if lse_p != -cutlass.Float32.inf:
                     w = cute.math.exp2((lse_p - lse_max) * math.log2(math.e), fastmath=True)
