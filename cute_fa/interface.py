@@ -344,12 +344,15 @@ def _decode_plan(device_index, q, k, causal, backend, seqused_k, page_table,
     capacity = page_table.shape[1] * page_size if paged else k.shape[1]
     request = ("decode", device_index, q.dtype, head_dim, causal, seqlen_q <= DECODE_MAX_SEQLEN_Q,
                heads_q // heads_kv, page_size, seqused_k is not None, forced_tile_arch())
-    base = memory_cache.get(request)
-    if base is None:
-        base = memory_cache[request] = decode_key(
+    # the key, and its compiled kernels without and with split-KV once asked for: a warm call
+    # costs a dict lookup and the split arithmetic, no key to build or hash
+    held = memory_cache.get(request)
+    if held is None:
+        held = memory_cache[request] = [decode_key(
             _arch(device_index), _DTYPE_NAMES[q.dtype], head_dim, causal, seqlen_q=seqlen_q,
             group=heads_q // heads_kv, page_size=page_size, seqused_k=seqused_k is not None,
-            split_kv=False, tile_arch=forced_tile_arch())
+            split_kv=False, tile_arch=forced_tile_arch()), None, None]
+    base = held[0]
     if num_splits is None:
         if seqlen_q > DECODE_MAX_SEQLEN_Q:
             num_splits = 1
@@ -359,8 +362,12 @@ def _decode_plan(device_index, q, k, causal, backend, seqused_k, page_table,
             heads = heads_kv if base.pack_gqa > 1 else heads_q
             num_splits = num_splits_heuristic(m_blocks * heads * batch,
                                               -(-capacity // cfg.block_n), _num_sms(device_index))
-    key = dataclasses.replace(base, split_kv=True) if num_splits > 1 else base
-    return _DecodePlan(get_kernel(key), num_splits, seqused_k is not None, paged, device_index)
+    split = num_splits > 1
+    kernel = held[1 + split]
+    if kernel is None:
+        kernel = held[1 + split] = get_kernel(dataclasses.replace(base, split_kv=True)
+                                              if split else base)
+    return _DecodePlan(kernel, num_splits, seqused_k is not None, paged, device_index)
 
 
 def _merge_kernel(device_index: int, in_dtype, out_dtype, head_dim: int):
