@@ -1,0 +1,59 @@
+"""The work-split rules of the decode path, on plain integers: which (query, head) a GQA-packed
+tile row holds and where it lives in memory (checked against torch's own element offsets),
+and how split-KV shares a query block's key blocks (checked against the union it must cover)."""
+
+import itertools
+
+import pytest
+
+from cute_fa.kernels.work import BlockInfo, QueryRows
+from cute_fa.tuning import MAX_SPLITS, MIN_BLOCKS_PER_SPLIT, num_splits_heuristic
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_packed_row_offsets_match_torch(group, transposed):
+    """Row r of head head0's tile, shifted from the tile's row base_row as the kernels shift it,
+    lands on the element torch addresses as q[b, r // group, head0 + r % group]."""
+    seqlen_q, heads_kv, head_dim = 5, 3, 16
+    heads_q = heads_kv * group
+    if transposed:  # torch SDPA's (B, H, S, D) memory seen as (B, S, H, D)
+        q = torch.empty(2, heads_q, seqlen_q, head_dim).transpose(1, 2)
+    else:
+        q = torch.empty(2, seqlen_q, heads_q, head_dim)
+    stride_q, stride_h = q.stride(1), q.stride(2)
+    rows = QueryRows(group)
+    assert rows.count(seqlen_q) == seqlen_q * group
+    for head_kv, r in itertools.product(range(heads_kv), range(rows.count(seqlen_q))):
+        head0 = head_kv * group
+        base_row = r % 4  # any row of the tile the copy starts from
+        base = q[1, base_row, head0].storage_offset()
+        target = q[1, rows.query(r), rows.head(head0, r)].storage_offset()
+        assert base + rows.offset(r, base_row, stride_q, stride_h) == target
+
+
+@pytest.mark.parametrize("n_blocks", [0, 1, 2, 7, 64, 129])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 16, 128])
+def test_split_ranges_cover_the_key_blocks_once(n_blocks, num_splits):
+    seen = []
+    for split in range(num_splits):
+        lo, hi = (int(x) for x in BlockInfo.split_range(n_blocks, split, num_splits))
+        assert 0 <= lo <= hi <= n_blocks
+        seen.extend(range(lo, hi))
+    assert seen == list(range(n_blocks))  # in order, each block once
+
+
+def test_split_heuristic():
+    sms = 132
+    # a full grid, or too few key blocks to share: no split
+    assert num_splits_heuristic(tiles=4 * sms, n_blocks=1000, num_sms=sms) == 1
+    assert num_splits_heuristic(tiles=8, n_blocks=2 * MIN_BLOCKS_PER_SPLIT - 1, num_sms=sms) == 1
+    # one K/V head at batch 1: as many splits as keep MIN_BLOCKS_PER_SPLIT blocks each, capped
+    assert num_splits_heuristic(tiles=1, n_blocks=40, num_sms=sms) == 40 // MIN_BLOCKS_PER_SPLIT
+    assert num_splits_heuristic(tiles=1, n_blocks=10**6, num_sms=sms) == MAX_SPLITS
+    for tiles, n_blocks in itertools.product((1, 8, 64, 300), (8, 64, 512, 4096)):
+        splits = num_splits_heuristic(tiles, n_blocks, sms)
+        assert 1 <= splits <= MAX_SPLITS
+        assert splits == 1 or n_blocks // splits >= MIN_BLOCKS_PER_SPLIT
