@@ -25,6 +25,13 @@ Tensors: Q, O (B, Sq, Hq, D); K, V (B, Sk, Hk, D); LSE (B, Hq, Sq) float32, writ
 only when write_lse != 0.
 Shapes and strides are dynamic (any sequence length, batch, head count or
 stride with a unit last stride), head_dim is static.
+
+Decode, each a field of the key (off: the code above, unchanged): GQA packing (the tile's rows
+are (query, head) pairs of one K/V head's group, `work.QueryRows`; each row's address is a
+shifted base row's), a paged K/V cache (K, V (pages, page_size, Hk, D) and a page table: each
+copied row is shifted from page 0 to its page), per-entry key counts (seqused_k), split-KV (a
+range of key blocks per CTA, float32 partial O and LSE into (split x batch)-indexed outputs for
+`kernels/merge.py`) and a ring of K/V stages that loads whole rounds ahead.
 """
 
 from __future__ import annotations
