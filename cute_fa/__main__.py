@@ -115,7 +115,16 @@ def _cmd_precompile(args) -> int:
         if not torch.cuda.is_available():
             raise _UsageError("precompile needs --arch (e.g. --arch sm_90a) when no CUDA GPU is "
                               "visible; torch.cuda.is_available() is False here")
-    keys = precompile(head_dims=head_dims, dtypes=dtypes, arch=arch, backend=args.backend)
+    ints = {}
+    for name in ("decode_groups", "page_sizes"):
+        text = getattr(args, name)
+        try:
+            ints[name] = tuple(int(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise _UsageError(f"--{name.replace('_', '-')} must be comma-separated ints, "
+                              f"got {text!r}") from None
+    keys = precompile(head_dims=head_dims, dtypes=dtypes, arch=arch, backend=args.backend,
+                      **ints)
     print(f"{len(keys)} kernels compiled or found in the cache")
     return 0
 
@@ -175,6 +184,12 @@ def _parser() -> argparse.ArgumentParser:
                             "at hand; required without one)")
     p_pre.add_argument("--backend", default="auto", choices=["auto", "sm80", "tma"],
                        help="which kernel to compile; auto: what forward() picks on that arch")
+    p_pre.add_argument("--decode-groups", default="",
+                       help="comma-separated GQA ratios (query heads per K/V head) whose decode "
+                            "kernels to compile too, e.g. 4,8")
+    p_pre.add_argument("--page-sizes", default="",
+                       help="with --decode-groups: comma-separated page sizes of a paged KV "
+                            "cache, e.g. 64,256")
     p_bench = command("bench", "benchmark against torch SDPA and flash-attn-4 (GPU)")
     p_bench.add_argument("--out", default="docs/perf/latest",
                          help="directory for results.json, results.md and results.png "

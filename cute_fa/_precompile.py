@@ -12,10 +12,11 @@ import os
 import warnings
 from collections.abc import Iterable
 
-from .compiler import KernelKey, get_kernel, wait_for_saves
+from .backends import MergeKey
+from .compiler import get_kernel, wait_for_saves
 from .layouts.config import canonical_dtype, check_head_dim
 from .arch import Arch
-from .tuning import check_backend, kernel_key
+from .tuning import check_backend, decode_key, kernel_key
 
 
 def _as_tuple(name: str, value, single: tuple, what: str) -> tuple:
@@ -40,12 +41,20 @@ def _dtype_name(value) -> str:
 def precompile(head_dims: int | Iterable[int] = (64, 128),
                dtypes: str | Iterable[str] = ("bfloat16", "float16"),
                causal: bool | Iterable[bool] = (False, True),
-               arch: str | None = None, backend: str = "auto") -> list[KernelKey]:
+               arch: str | None = None, backend: str = "auto",
+               decode_groups: int | Iterable[int] = (),
+               page_sizes: int | Iterable[int] = ()) -> list:
     """Compile every (head_dim, dtype, causal) combination for `arch` (default: this GPU's,
     e.g. 'sm_90a'; needed where there is no GPU) and `backend` ('auto' compiles what
     `forward` would pick). Each of head_dims, dtypes and causal is one value or a sequence;
-    dtypes are names ('bfloat16', 'fp16', ...) or torch dtypes. Every argument is checked
-    before anything compiles. Returns the kernel keys."""
+    dtypes are names ('bfloat16', 'fp16', ...) or torch dtypes.
+
+    decode_groups (query heads per K/V head, e.g. 4 for 32 query heads on 8 K/V heads) adds
+    the decode kernels `forward` runs for at most 16 queries per sequence with that GQA ratio:
+    with and without split-KV, with and without seqused_k, on a dense cache and on a paged
+    one of each of page_sizes, and the merge of split-KV's partials.
+
+    Every argument is checked before anything compiles. Returns the kernel keys."""
     import torch
 
     head_dims = tuple(check_head_dim("head_dims", h)
@@ -57,6 +66,16 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
         if not isinstance(c, bool):
             raise TypeError(f"causal must be a bool or a sequence of bools, got {c!r}")
     check_backend(backend)
+    decode_groups = () if decode_groups == () else tuple(
+        _positive_int("decode_groups", g)
+        for g in _as_tuple("decode_groups", decode_groups, (int,), "an int"))
+    page_sizes = () if page_sizes == () else tuple(
+        _page_size(p) for p in _as_tuple("page_sizes", page_sizes, (int,), "an int"))
+    if page_sizes and not decode_groups:
+        raise ValueError("page_sizes needs decode_groups (the decode kernels it is for)")
+    if decode_groups and backend == "tma":
+        raise ValueError("decode_groups needs backend='auto' or 'sm80': decode runs on the "
+                         "cp.async kernel")
     if arch is None:
         from .interface import _arch
 
@@ -68,10 +87,35 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
         arch = Arch.parse(arch).name
     keys = [kernel_key(arch, dtype, head_dim, is_causal, backend)
             for head_dim, dtype, is_causal in itertools.product(head_dims, dtypes, causal)]
+    for head_dim, dtype, is_causal, group, page_size, seqused_k, split_kv in itertools.product(
+            head_dims, dtypes, causal, decode_groups, (0,) + page_sizes, (False, True),
+            (False, True)):
+        keys.append(decode_key(arch, dtype, head_dim, is_causal, seqlen_q=1, group=group,
+                               page_size=page_size, seqused_k=seqused_k, split_kv=split_kv))
+    if decode_groups:
+        keys += [MergeKey(arch, head_dim, "float32", dtype)
+                 for head_dim, dtype in itertools.product(head_dims, dtypes)]
+    keys = list(dict.fromkeys(keys))  # once each, in order
     for key in keys:
         get_kernel(key)
     wait_for_saves()
     return keys
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must hold positive ints, got {value!r}")
+    return value
+
+
+def _page_size(value) -> int:
+    from .interface import MAX_PAGE_SIZE
+
+    if isinstance(value, bool) or not isinstance(value, int) or value % 16 or \
+            not 16 <= value <= MAX_PAGE_SIZE:
+        raise ValueError(f"page_sizes must hold multiples of 16 from 16 to {MAX_PAGE_SIZE}, "
+                         f"got {value!r}")
+    return value
 
 
 def parse_head_dims(spec: str, source: str) -> tuple[int, ...]:

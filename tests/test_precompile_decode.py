@@ -1,0 +1,78 @@
+"""precompile(decode_groups=..., page_sizes=...) compiles exactly the kernels decode calls then
+use: the keys `forward`'s decode planning asks the compiler for (recorded here instead of
+compiled, with the GPU's arch and SM count stood in) are all among precompile's."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cute_fa  # noqa: E402
+from cute_fa import _precompile, compiler, interface  # noqa: E402
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    keys = []
+    monkeypatch.setattr(compiler, "get_kernel", lambda key: keys.append(key) or key)
+    monkeypatch.setattr(interface, "get_kernel", lambda key: keys.append(key) or key)
+    monkeypatch.setattr(_precompile, "get_kernel", lambda key: keys.append(key) or key)
+    monkeypatch.setattr(interface, "_arch", lambda device_index: "sm_90a")
+    monkeypatch.setattr(interface, "_num_sms", lambda device_index: 132)
+    compiler.memory_cache.clear()
+    yield keys
+    compiler.memory_cache.clear()
+
+
+def _plan(batch, seqlen_q, heads_q, heads_kv, head_dim, dtype, causal, *, page_size=0,
+          seqused=False, num_splits=None):
+    q = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=dtype)
+    if page_size:
+        k = torch.empty(50, page_size, heads_kv, head_dim, dtype=dtype)
+        table = torch.zeros(batch, 8, dtype=torch.int32)
+    else:
+        k, table = torch.empty(batch, 4096, heads_kv, head_dim, dtype=dtype), None
+    lens = torch.zeros(batch, dtype=torch.int32) if seqused else None
+    plan = interface._decode_plan(0, q, k, causal, "auto", lens, table, num_splits)
+    if plan.num_splits > 1:  # forward then merges the partials
+        interface._merge_kernel(0, "float32", dtype, head_dim)
+    return plan
+
+
+def test_decode_calls_use_only_precompiled_kernels(recorded):
+    keys = set(cute_fa.precompile(head_dims=(64, 128), dtypes="bfloat16", causal=True,
+                                  arch="sm_90a", decode_groups=(4, 8), page_sizes=(64, 256)))
+    recorded.clear()
+    bf16 = torch.bfloat16
+    for batch, seqlen_q, heads_q, heads_kv, head_dim, page_size, seqused, splits in [
+            (1, 1, 32, 8, 128, 0, False, None),    # batch 1: split-KV
+            (64, 1, 32, 8, 128, 0, False, None),   # a full grid: no split
+            (8, 4, 64, 8, 64, 256, True, None),    # speculative decode on a paged cache
+            (2, 16, 32, 8, 128, 64, True, 1),      # forced: no split
+            (2, 1, 64, 8, 64, 0, True, 7)]:        # forced split, growing dense cache
+        _plan(batch, seqlen_q, heads_q, heads_kv, head_dim, bf16, True, page_size=page_size,
+              seqused=seqused, num_splits=splits)
+    asked = set(recorded)
+    assert any(getattr(k, "split_kv", False) for k in asked)  # both kinds were exercised
+    assert any(not getattr(k, "split_kv", True) for k in asked)
+    assert asked <= keys, asked - keys
+
+
+def test_a_group_not_precompiled_is_not_among_the_keys(recorded):
+    keys = set(cute_fa.precompile(head_dims=128, dtypes="bfloat16", causal=True,
+                                  arch="sm_90a", decode_groups=4))
+    recorded.clear()
+    _plan(1, 1, 64, 8, 128, torch.bfloat16, True)  # group 8
+    assert not set(recorded) <= keys
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(decode_groups=0), "decode_groups must hold positive ints"),
+    (dict(decode_groups=(4, True)), "decode_groups must hold positive ints"),
+    (dict(decode_groups=4, page_sizes=24), "page_sizes must hold multiples of 16"),
+    (dict(page_sizes=64), "page_sizes needs decode_groups"),
+    (dict(decode_groups=4, backend="tma"), "decode_groups needs backend='auto' or 'sm80'"),
+])
+def test_bad_decode_arguments(kwargs, message, recorded):
+    with pytest.raises(ValueError, match=message):
+        cute_fa.precompile(head_dims=128, arch="sm_90a", **kwargs)
+    assert recorded == []  # checked before anything compiles
