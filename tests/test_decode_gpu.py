@@ -161,6 +161,8 @@ CASES = [
     Case(16, 1, 4096, 64, 8, 128, True, BF16, 512, None),             # GQA 8, page 512
     Case(1, 1, 70000, 8, 1, 128, True, BF16, None, None),             # 70k keys, MQA
     Case(2, 4, 65600, 32, 8, 128, True, BF16, 256, [65537, 1]),       # 64k+ keys, paged
+    # more than 16 queries (chunked prefill against a cache): the prefill tile, unpacked
+    Case(3, 100, 1000, 16, 4, 128, True, BF16, 64, [0, 150, 1000]),
 ]
 
 
