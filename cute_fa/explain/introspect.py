@@ -394,6 +394,54 @@ class FlashLayouts:
                            "wait_phase": phase, "refills_with_block": refill})
         return rounds
 
+    def packed_rows(self, group: int, seqlen_q: int = 1, m_block: int = 0) -> list:
+        """Decode's GQA packing of this tile (`cute_fa.kernels.work.QueryRows`, the object the
+        kernels use): for each of its block_m rows, a dict with the query and the head offset
+        within the group it holds (None for a padding row past the group's seqlen_q * group
+        rows), and the threads whose S accumulator holds that row (one quad) and their warp."""
+        from ..kernels.work import QueryRows
+
+        if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+            raise ValueError(f"group must be a positive int, got {group!r}")
+        if isinstance(seqlen_q, bool) or not isinstance(seqlen_q, int) or seqlen_q < 1:
+            raise ValueError(f"seqlen_q must be a positive int, got {seqlen_q!r}")
+        rows = QueryRows(group)
+        holders: dict = {}
+        for tid in range(self.config.num_threads):
+            for query, _ in self.s_coords(tid):
+                holders.setdefault(query, set()).add(tid)
+        out = []
+        for r in range(self.config.block_m):
+            packed = m_block * self.config.block_m + r
+            useful = packed < rows.count(seqlen_q)
+            threads = sorted(holders[r])
+            out.append(dict(row=r, query=rows.query(packed) if useful else None,
+                            head=packed % group if useful else None, threads=threads,
+                            warp=threads[0] // WARP_SIZE))
+        return out
+
+    def describe_packing(self, group: int, seqlen_q: int = 1) -> str:
+        """Which rows of a decode tile (query block 0) do useful work under GQA packing, and
+        which warps hold them: the rest compute on zero rows."""
+        table = self.packed_rows(group, seqlen_q)
+        useful = [r for r in table if r["query"] is not None]
+        warps = sorted({r["warp"] for r in useful})
+        idle = sorted({r["warp"] for r in table} - set(warps))
+        lines = [f"{group} query heads per K/V head, {seqlen_q} "
+                 f"quer{'y' if seqlen_q == 1 else 'ies'}: {len(useful)} of "
+                 f"{self.config.block_m} rows hold a (query, head) pair, in warp"
+                 f"{'' if len(warps) == 1 else 's'} {_join_and(warps)}"]
+        for r in useful[:8]:
+            lines.append(f"  row {r['row']:3d}: query {r['query']}, head h0+{r['head']}, "
+                         f"threads {fmt_ranges(r['threads'])}")
+        if len(useful) > 8:
+            lines.append(f"  ... {len(useful) - 8} more rows")
+        if idle:
+            lines.append(f"  warp{'' if len(idle) == 1 else 's'} {_join_and(idle)}: padding rows "
+                         f"only; {'it reads' if len(idle) == 1 else 'each reads'} all of K and V "
+                         f"from shared memory for nothing")
+        return "\n".join(lines)
+
     def describe_lane(self, tid: int) -> str:
         """A human-readable account of what `tid` holds and whom it talks to."""
         tid = self._check_tid(tid)
