@@ -43,3 +43,15 @@ def test_describe_packing_names_the_idle_warps():
 def test_bad_group(bad):
     with pytest.raises(ValueError, match="group must be a positive int"):
         FlashLayouts(**DECODE_TILE).packed_rows(bad)
+
+
+def test_packed_rows_map_colours_rows_by_warp():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from cute_fa.explain.figures import packed_rows_map
+
+    ax = packed_rows_map(FlashLayouts(**DECODE_TILE), group=8, seqlen_q=4)
+    colours = ax.images[0].get_array()  # a masked array: padding rows are masked (NaN)
+    assert [colours[i, 0] for i in (0, 15, 16, 31)] == [0, 0, 1, 1]  # warps 0 and 1
+    assert all(colours.mask[i, 0] for i in range(32, 64))
+    assert ax.texts[17].get_text() == "q2 h0+1  T36..39"

@@ -6,6 +6,8 @@
 * `copy_map`: which thread copies each 16-byte chunk gmem->smem.
 * `tma_box_map`: which TMA box wrote each chunk of a K ring stage, and its bank group.
 * `ring_timeline`: the K/V tiles in flight in the TMA kernel's ring, round by round.
+* `packed_rows_map`: decode's GQA packing: which (query, head) pair each tile row holds, and
+  which warp holds it.
 """
 
 from __future__ import annotations
@@ -168,4 +170,28 @@ def ring_timeline(rounds, stages: int, ax=None):
     ax.set_xlim(-0.7, len(rounds) - 0.3)
     ax.invert_yaxis()
     ax.set_title("K/V tiles in flight: issued (left end) ... waited for (right end)")
+    return ax
+
+
+def packed_rows_map(layouts, group: int, seqlen_q: int = 1, ax=None):
+    """Decode's GQA packing (`FlashLayouts.packed_rows`): each row of the tile coloured by the
+    warp whose S accumulator holds it, labelled with its (query, head) pair; padding rows grey."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    table = layouts.packed_rows(group, seqlen_q)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(3.2, 0.16 * len(table) + 1))
+    colours = np.array([[r["warp"] if r["query"] is not None else np.nan] for r in table])
+    cmap = matplotlib.colormaps["tab10"].with_extremes(bad="0.88")  # padding rows grey
+    ax.imshow(colours, cmap=cmap, vmin=0, vmax=9, interpolation="nearest", aspect="auto")
+    for r in table:
+        label = (f"q{r['query']} h0+{r['head']}  T{r['threads'][0]}..{r['threads'][-1]}"
+                 if r["query"] is not None else f"padding (warp {r['warp']})")
+        ax.text(0, r["row"], label, ha="center", va="center", fontsize=6)
+    ax.set_xticks([])
+    ax.set_ylabel("tile row")
+    useful = sum(r["query"] is not None for r in table)
+    ax.set_title(f"group {group}, Sq {seqlen_q}: {useful} of {len(table)} rows useful\n"
+                 f"(colour = warp holding the row)", fontsize=8)
     return ax
