@@ -37,14 +37,14 @@ def _check_tensor(name: str, t, layout: str = "(batch, seqlen, heads, head_dim)"
         raise ValueError(f"{name} must be 4-D {layout}, got shape {tuple(t.shape)}")
 
 
-def _check_layout(name: str, t) -> None:
+def _check_layout(name: str, t, names=None) -> None:
     s0, s1, s2, s3 = t.stride()
     if s3 != 1:
         raise ValueError(f"{name} must have a contiguous last dimension (stride 1), "
-                         f"got strides {t.stride()}")
+                         f"got strides {_shown(t.stride(), names or {})}")
     if s0 % 8 or s1 % 8 or s2 % 8:
         raise ValueError(f"{name} strides must be multiples of 8 elements (16 bytes), "
-                         f"got {t.stride()}")
+                         f"got {_shown(t.stride(), names or {})}")
     if t.data_ptr() % 16:
         raise ValueError(f"{name} must start at a 16-byte aligned address")
 
@@ -84,7 +84,14 @@ def _as_scale(name: str, value) -> float | None:
 
 
 _FORWARD_NAMES = {"causal": "causal", "softmax_scale": "softmax_scale"}
-_SDPA_NAMES = {"causal": "is_causal", "softmax_scale": "scale"}
+# sdpa's tensors reach the checks transposed to (B, S, H, D); its errors show them as written
+_SDPA_NAMES = {"causal": "is_causal", "softmax_scale": "scale", "bhsd": True}
+
+
+def _shown(dims, names) -> tuple:
+    """A (B, S, H, D)-ordered shape or stride as the caller wrote it (sdpa: (B, H, S, D))."""
+    dims = tuple(dims)
+    return (dims[0], dims[2], dims[1], dims[3]) if names.get("bhsd") else dims
 
 
 def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=_FORWARD_NAMES,
@@ -109,7 +116,7 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=
     batch, seqlen_q, heads_q, head_dim = q.shape
     _, seqlen_k, heads_k, _ = k.shape
     if batch < 1 or seqlen_q < 1 or heads_q < 1:
-        raise ValueError(f"q must have non-empty dimensions, got shape {tuple(q.shape)}")
+        raise ValueError(f"q must have non-empty dimensions, got shape {_shown(q.shape, names)}")
     check_head_dim("head_dim (q.shape[-1])", head_dim)
     if paged:
         if k.shape[0] < 1 or k.shape[3] != head_dim or heads_k < 1:
@@ -119,10 +126,12 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=
             raise ValueError(f"the page size (k.shape[1]) must be a multiple of 16 from 16 to "
                              f"{MAX_PAGE_SIZE}, got {seqlen_k}")
     elif k.shape[0] != batch or k.shape[3] != head_dim or seqlen_k < 1 or heads_k < 1:
-        raise ValueError(f"k must have shape (batch={batch}, seqlen_k>=1, heads_k>=1, "
-                         f"head_dim={head_dim}), got {tuple(k.shape)}")
+        middle = "heads_k>=1, seqlen_k>=1" if names.get("bhsd") else "seqlen_k>=1, heads_k>=1"
+        raise ValueError(f"k must have shape (batch={batch}, {middle}, head_dim={head_dim}), "
+                         f"got {_shown(k.shape, names)}")
     if v.shape != k.shape:
-        raise ValueError(f"v must have the shape of k, {tuple(k.shape)}, got {tuple(v.shape)}")
+        raise ValueError(f"v must have the shape of k, {_shown(k.shape, names)}, "
+                         f"got {_shown(v.shape, names)}")
     if heads_q % heads_k:
         raise ValueError(f"the number of query heads ({heads_q}) must be a multiple of the number "
                          f"of key/value heads ({heads_k})")
@@ -132,10 +141,11 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=
         if out.dtype != q.dtype:
             raise TypeError(f"out must have dtype {q.dtype} like q, got {out.dtype}")
         if out.shape != q.shape:
-            raise ValueError(f"out must have the shape of q, {tuple(q.shape)}, got {tuple(out.shape)}")
+            raise ValueError(f"out must have the shape of q, {_shown(q.shape, names)}, "
+                             f"got {_shown(out.shape, names)}")
         named += (("out", out),)
     for name, t in named:
-        _check_layout(name, t)
+        _check_layout(name, t, names)
     num_splits = _check_decode_args(q, seqused_k, page_table, num_splits, backend)
     device_index = q.get_device()
     for name, t in named + (("seqused_k", seqused_k), ("page_table", page_table)):

@@ -123,3 +123,24 @@ def test_device_error_says_no_gpu():
     q, k, v = qkv()
     with pytest.raises(ValueError, match=r"torch sees no CUDA GPU here"):
         cute_fa.forward(q, k, v)
+
+
+def test_sdpa_errors_show_shapes_as_written():
+    """sdpa takes (batch, heads, seqlen, head_dim); its checks run on (batch, seqlen, heads,
+    head_dim) views, but the errors quote the caller's own shapes and strides."""
+    q = torch.randn(2, 4, 16, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 4, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"k must have shape \(batch=2, heads_k>=1, seqlen_k>=1, "
+                                         r"head_dim=64\), got \(2, 4, 16, 32\)"):
+        cute_fa.sdpa(q, k[..., :32], k[..., :32])
+    with pytest.raises(ValueError, match=r"v must have the shape of k, \(2, 4, 16, 64\), "
+                                         r"got \(2, 4, 8, 64\)"):
+        cute_fa.sdpa(q, k, k[:, :, :8])
+    strided = torch.randn(2, 4, 16, 68, dtype=torch.bfloat16)[..., :64]
+    with pytest.raises(ValueError, match=r"k strides must be multiples of 8 elements \(16 "
+                                         r"bytes\), got \(4352, 1088, 68, 1\)"):
+        cute_fa.sdpa(q, strided, strided)
+    # forward's own layout is shown as is
+    with pytest.raises(ValueError, match=r"k must have shape \(batch=2, seqlen_k>=1, heads_k>=1, "
+                                         r"head_dim=64\), got \(2, 4, 16, 32\)"):
+        cute_fa.forward(q, k[..., :32], k[..., :32])
