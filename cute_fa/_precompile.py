@@ -16,7 +16,7 @@ from .backends import MergeKey
 from .compiler import get_kernel, wait_for_saves
 from .layouts.config import canonical_dtype, check_head_dim
 from .arch import Arch
-from .tuning import check_backend, decode_key, kernel_key
+from .tuning import MAX_PAGE_SIZE, check_backend, decode_key, kernel_key, supported_page_size
 
 
 def _as_tuple(name: str, value, single: tuple, what: str) -> tuple:
@@ -109,10 +109,7 @@ def _positive_int(name: str, value) -> int:
 
 
 def _page_size(value) -> int:
-    from .interface import MAX_PAGE_SIZE
-
-    if isinstance(value, bool) or not isinstance(value, int) or value % 16 or \
-            not 16 <= value <= MAX_PAGE_SIZE:
+    if not supported_page_size(value):
         raise ValueError(f"page_sizes must hold multiples of 16 from 16 to {MAX_PAGE_SIZE}, "
                          f"got {value!r}")
     return value

@@ -10,7 +10,6 @@ import dataclasses
 import math
 import numbers
 import os
-from dataclasses import dataclass
 from typing import Literal, overload
 
 import torch
@@ -19,8 +18,9 @@ from .compiler import get_kernel, memory_cache
 from .arch import Arch
 from .backends import MergeKey
 from .layouts.config import check_head_dim
-from .tuning import (BACKENDS, DECODE_MAX_SEQLEN_Q, MAX_SPLITS, check_backend, decode_key,
-                     forced_tile_arch, kernel_key, num_splits_heuristic)
+from .tuning import (BACKENDS, DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, MAX_SPLITS, check_backend,
+                     decode_key, forced_tile_arch, kernel_key, num_splits_heuristic,
+                     supported_page_size)
 
 Backend = Literal["auto", "sm80", "tma"]
 
@@ -122,7 +122,7 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=
         if k.shape[0] < 1 or k.shape[3] != head_dim or heads_k < 1:
             raise ValueError(f"k must be a paged cache of shape (num_pages>=1, page_size, "
                              f"heads_kv>=1, head_dim={head_dim}), got {tuple(k.shape)}")
-        if seqlen_k % 16 or not 16 <= seqlen_k <= MAX_PAGE_SIZE:
+        if not supported_page_size(seqlen_k):
             raise ValueError(f"the page size (k.shape[1]) must be a multiple of 16 from 16 to "
                              f"{MAX_PAGE_SIZE}, got {seqlen_k}")
     elif k.shape[0] != batch or k.shape[3] != head_dim or seqlen_k < 1 or heads_k < 1:
@@ -250,9 +250,6 @@ def _kernel_for(device_index: int, dtype, head_dim: int, causal: bool, backend: 
     return held
 
 
-MAX_PAGE_SIZE = 1024
-
-
 def _check_decode_args(q, seqused_k, page_table, num_splits, backend) -> int | None:
     """The rules of the KV-cache arguments but where they live; returns num_splits as an int
     or None. Values inside seqused_k and page_table are trusted, unless
@@ -328,24 +325,16 @@ def _num_sms(device_index: int) -> int:
     return n
 
 
-@dataclass(frozen=True)
-class _DecodePlan:
-    kernel: object
-    num_splits: int
-    seqused_k: bool
-    paged: bool
-    device_index: int
-
-    def cache_args(self, seqused_k, page_table) -> tuple:
-        """The kernel's seqused_k and page_table arguments (placeholders where unused)."""
-        held = _placeholders(self.device_index)
-        return (seqused_k if self.seqused_k else held[1],
-                page_table if self.paged else held[2])
+def _decode_arguments(device_index: int, seqused_k, page_table, num_splits: int) -> tuple:
+    """The cp.async kernel's seqused_k, page_table and num_splits arguments (`backends.
+    DECODE_ARGUMENTS`), placeholders where the call has no such tensor."""
+    held = _placeholders(device_index)
+    return (seqused_k if seqused_k is not None else held[1],
+            page_table if page_table is not None else held[2], num_splits)
 
 
-def _decode_plan(device_index, q, k, causal, backend, seqused_k, page_table,
-                 num_splits) -> _DecodePlan:
-    """The kernel and split count of a call with decode features (tuning.decode_key and
+def _decode_plan(device_index, q, k, causal, seqused_k, page_table, num_splits) -> tuple:
+    """(compiled kernel, split count) of a call with decode features (tuning.decode_key and
     tuning.num_splits_heuristic say how they are chosen)."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     heads_kv = k.shape[2]
@@ -377,17 +366,17 @@ def _decode_plan(device_index, q, k, causal, backend, seqused_k, page_table,
     if kernel is None:
         kernel = held[1 + split] = get_kernel(dataclasses.replace(base, split_kv=True)
                                               if split else base)
-    return _DecodePlan(kernel, num_splits, seqused_k is not None, paged, device_index)
+    return kernel, num_splits
 
 
 def _merge_kernel(device_index: int, in_dtype, out_dtype, head_dim: int):
-    names = {torch.float32: "float32", **_DTYPE_NAMES}
+    """The merge kernel from `in_dtype` parts to an `out_dtype` output (torch dtypes)."""
     request = ("merge", device_index, in_dtype, out_dtype, head_dim)
     kernel = memory_cache.get(request)
     if kernel is None:
-        in_name = in_dtype if isinstance(in_dtype, str) else names[in_dtype]
+        names = {torch.float32: "float32", **_DTYPE_NAMES}
         kernel = memory_cache[request] = get_kernel(
-            MergeKey(_arch(device_index), head_dim, in_name, names[out_dtype]))
+            MergeKey(_arch(device_index), head_dim, names[in_dtype], names[out_dtype]))
     return kernel
 
 
@@ -407,15 +396,13 @@ def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse, backe
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     if seqused_k is not None or page_table is not None or (num_splits or 1) > 1 or \
             (seqlen_q <= DECODE_MAX_SEQLEN_Q and backend != "tma"):
-        plan = _decode_plan(device_index, q, k, causal, backend, seqused_k, page_table,
-                            num_splits)
+        kernel, num_splits = _decode_plan(device_index, q, k, causal, seqused_k, page_table,
+                                          num_splits)
+        takes_decode_arguments = True
     else:
-        plan = None
-    if plan is None:
         kernel, backend_name = _kernel_for(device_index, q.dtype, head_dim, causal, backend,
                                            lazy_rescale)
-    else:
-        kernel = plan.kernel
+        num_splits, takes_decode_arguments = 1, backend_name == "sm80"
     if out is None:
         out = torch.empty_like(q)  # q's memory order where q is dense, else contiguous
     if return_lse:
@@ -424,25 +411,21 @@ def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse, backe
         lse = _placeholders(device_index)[0]
     if q.requires_grad or k.requires_grad or v.requires_grad:
         q, k, v = q.detach(), k.detach(), v.detach()  # DLPack refuses tensors needing grad
-    if plan is None:
-        args = (q, k, v, out, lse, scale, causal_offset, int(return_lse))
-        if backend_name == "sm80":
-            args += _placeholders(device_index)[1:] + (1,)
-        _launch(device_index, kernel, args)
-    elif plan.num_splits == 1:
-        _launch(device_index, kernel, (q, k, v, out, lse, scale, causal_offset, int(return_lse))
-                + plan.cache_args(seqused_k, page_table) + (1,))
-    else:
-        splits = plan.num_splits
-        o_parts = torch.empty((splits, batch, seqlen_q, heads_q, head_dim), device=q.device,
+    decode = _decode_arguments(device_index, seqused_k, page_table, num_splits) \
+        if takes_decode_arguments else ()
+    if num_splits == 1:
+        _launch(device_index, kernel,
+                (q, k, v, out, lse, scale, causal_offset, int(return_lse)) + decode)
+    else:  # float32 partials per split, then the merge writes out (and lse)
+        o_parts = torch.empty((num_splits, batch, seqlen_q, heads_q, head_dim), device=q.device,
                               dtype=torch.float32)
-        lse_parts = torch.empty((splits, batch, heads_q, seqlen_q), device=q.device,
+        lse_parts = torch.empty((num_splits, batch, heads_q, seqlen_q), device=q.device,
                                 dtype=torch.float32)
         _launch(device_index, kernel,
-                (q, k, v, o_parts.view(splits * batch, seqlen_q, heads_q, head_dim),
-                 lse_parts.view(splits * batch, heads_q, seqlen_q), scale, causal_offset, 1)
-                + plan.cache_args(seqused_k, page_table) + (splits,))
-        _launch(device_index, _merge_kernel(device_index, "float32", q.dtype, head_dim),
+                (q, k, v, o_parts.view(num_splits * batch, seqlen_q, heads_q, head_dim),
+                 lse_parts.view(num_splits * batch, heads_q, seqlen_q), scale, causal_offset, 1)
+                + decode)
+        _launch(device_index, _merge_kernel(device_index, torch.float32, q.dtype, head_dim),
                 (o_parts, lse_parts, out, lse, int(return_lse)))
     return (out, lse) if return_lse else out
 

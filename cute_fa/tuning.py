@@ -216,6 +216,16 @@ SPLIT_WAVE_CTAS = 4
 MIN_BLOCKS_PER_SPLIT = 4
 MAX_SPLITS = 128
 
+# page sizes of a paged K/V cache: multiples of 16 keys (a copy pass's rows) up to this
+MAX_PAGE_SIZE = 1024
+
+
+def supported_page_size(page_size) -> bool:
+    """The page sizes the decode kernel is compiled for (`forward` and `precompile` check
+    them by this rule)."""
+    return (isinstance(page_size, int) and not isinstance(page_size, bool)
+            and page_size % 16 == 0 and 16 <= page_size <= MAX_PAGE_SIZE)
+
 
 def decode_tile(arch: str, dtype: str, head_dim: int) -> TileConfig:
     budget = Arch.of_name(arch).smem_bytes

@@ -32,10 +32,10 @@ def _plan(batch, seqlen_q, heads_q, heads_kv, head_dim, dtype, causal, *, page_s
     else:
         k, table = torch.empty(batch, 4096, heads_kv, head_dim, dtype=dtype), None
     lens = torch.zeros(batch, dtype=torch.int32) if seqused else None
-    plan = interface._decode_plan(0, q, k, causal, "auto", lens, table, num_splits)
-    if plan.num_splits > 1:  # forward then merges the partials
-        interface._merge_kernel(0, "float32", dtype, head_dim)
-    return plan
+    kernel, splits = interface._decode_plan(0, q, k, causal, lens, table, num_splits)
+    if splits > 1:  # forward then merges the partials
+        interface._merge_kernel(0, torch.float32, dtype, head_dim)
+    return kernel, splits
 
 
 def test_decode_calls_use_only_precompiled_kernels(recorded):

@@ -1,3 +1,5 @@
+# As it ran on the H200 against commit 7b8eff9 (later commits changed _decode_plan to return
+# (kernel, num_splits)).
 """Decode tuning sweep on the H200: K/V ring stages (0 = single buffers, 2, 3) with the
 heuristic's split count, and a num_splits sweep at the default stages."""
 import json, sys, torch, cute_fa
