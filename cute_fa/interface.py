@@ -18,9 +18,9 @@ from .compiler import get_kernel, memory_cache
 from .arch import Arch
 from .backends import MergeKey
 from .layouts.config import check_head_dim
-from .tuning import (BACKENDS, DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, MAX_SPLITS, check_backend,
-                     decode_key, forced_tile_arch, kernel_key, num_splits_heuristic,
-                     supported_page_size)
+from .tuning import (BACKENDS, DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, MAX_SPLITS,
+                     WARP_SPLIT_MAX_ROWS, check_backend, decode_ctas_per_sm, decode_key,
+                     forced_tile_arch, kernel_key, num_splits_heuristic, supported_page_size)
 
 Backend = Literal["auto", "sm80", "tma"]
 
@@ -341,16 +341,20 @@ def _decode_plan(device_index, q, k, causal, seqused_k, page_table, num_splits) 
     paged = page_table is not None
     page_size = k.shape[1] if paged else 0
     capacity = page_table.shape[1] * page_size if paged else k.shape[1]
+    # what decode_key reads of seqlen_q: whether the call is short, and whether its packed
+    # rows fit one 16-row slab
     request = ("decode", device_index, q.dtype, head_dim, causal, seqlen_q <= DECODE_MAX_SEQLEN_Q,
-               heads_q // heads_kv, page_size, seqused_k is not None, forced_tile_arch())
-    # the key, and its compiled kernels without and with split-KV once asked for: a warm call
-    # costs a dict lookup and the split arithmetic, no key to build or hash
+               seqlen_q * (heads_q // heads_kv) <= WARP_SPLIT_MAX_ROWS, heads_q // heads_kv,
+               page_size, seqused_k is not None, forced_tile_arch())
+    # the key, its compiled kernels without and with split-KV once asked for, and the CTAs an
+    # SM holds: a warm call costs a dict lookup and the (cached) split count
     held = memory_cache.get(request)
     if held is None:
         held = memory_cache[request] = [decode_key(
             _arch(device_index), _DTYPE_NAMES[q.dtype], head_dim, causal, seqlen_q=seqlen_q,
             group=heads_q // heads_kv, page_size=page_size, seqused_k=seqused_k is not None,
-            split_kv=False, tile_arch=forced_tile_arch()), None, None]
+            split_kv=False, tile_arch=forced_tile_arch()), None, None, None]
+        held[3] = decode_ctas_per_sm(held[0], forced_tile_arch() or _arch(device_index))
     base = held[0]
     if num_splits is None:
         if seqlen_q > DECODE_MAX_SEQLEN_Q:
@@ -360,7 +364,8 @@ def _decode_plan(device_index, q, k, causal, seqused_k, page_table, num_splits) 
             m_blocks = -(-seqlen_q * base.pack_gqa // cfg.block_m)
             heads = heads_kv if base.pack_gqa > 1 else heads_q
             num_splits = num_splits_heuristic(m_blocks * heads * batch,
-                                              -(-capacity // cfg.block_n), _num_sms(device_index))
+                                              -(-capacity // cfg.block_n), _num_sms(device_index),
+                                              held[3])
     split = num_splits > 1
     kernel = held[1 + split]
     if kernel is None:

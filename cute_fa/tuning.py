@@ -14,6 +14,8 @@ registers, no spills on sm_80, sm_90a or sm_120a). The TMA kernel keeps 128x64 w
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 
 from .arch import ARCHS, SMEM_BYTES, Arch
 from .backends import REGISTRY, Sm80Key, TmaKey
@@ -188,12 +190,32 @@ AUTO: dict = {("sm_90a", 64, False): "tma", ("sm_90a", 64, True): "tma",
 # and the keys may be split over several CTAs.
 DECODE_MAX_SEQLEN_Q = 16
 
-# head_dim class -> [(block_m, block_n, num_threads), ...]: 64 packed rows (16 per warp, the
-# fewest an m16n8k16 warp takes) so that one group of up to 64 (query, head) rows fills a
-# tile. At head_dim 192 and 256, 32-key blocks: with 64 ptxas spills 32 bytes at 255
-# registers (the O accumulator alone holds 128 floats per thread).
+# head_dim class -> [(block_m, block_n, num_threads), ...]: the decode tile for more packed rows
+# than one 16-row slab: 64 packed rows (16 per warp, the fewest an m16n8k16 warp takes) so
+# that one group of up to 64 (query, head) rows fills a tile. At head_dim 192 and 256, 32-key
+# blocks: with 64 ptxas spills 32 bytes at 255 registers (the O accumulator alone holds 128
+# floats per thread).
 DECODE_TILES = {64: [(64, 128, 128), (64, 64, 128)], 128: [(64, 64, 128)],
                 192: [(64, 32, 128)], 256: [(64, 32, 128)]}
+
+# head_dim class -> [(block_n, num_threads), ...]: the decode tile for calls whose packed rows
+# (queries x heads of a group) fit one 16-row slab, e.g. one query of a 32/8 or 64/8 GQA
+# model. A 64-row tile holds 4-8 useful rows there, and its four warps would each read every
+# key; here the warps split each K/V tile's keys instead (block_n / num_threads * 32 keys each)
+# and combine their partial softmax results at the end. On the H200 (14 shapes,
+# docs/perf/2026-12-01-h200-decode-2/sweep1_tiles_stages.txt) 119.8 -> 108.8 µs geometric
+# mean over the 64-row tile; 128-key stages at head_dim 128 measured the same, 3 ring stages
+# 1-2% faster on some shapes and slower on others. More rows than one slab stay on the 64-row
+# tile: two 16-row CTAs per group, each reading K/V, measured slower (sweep5).
+DECODE_WARP_SPLIT_TILES = {64: [(128, 128)], 128: [(64, 128)], 192: [(64, 128)],
+                           256: [(64, 128)]}
+WARP_SPLIT_MAX_ROWS = 16  # one m16n8k16 slab
+
+# head_dim class -> CTAs per SM their registers are capped for: 3 (168 registers per thread),
+# which ptxas fills without spilling, except at head_dim 256 (a 128-float O accumulator per
+# thread: 24-60 bytes of spills), capped for 2 (255). Left to itself ptxas gave sm_80's
+# head_dim-64 kernel 96 registers and spilled 4 bytes.
+DECODE_WARP_SPLIT_CTAS_PER_SM = {64: 3, 128: 3, 192: 3, 256: 2}
 
 # head_dim class -> CTAs per SM the decode kernel's registers are capped for (absent: ptxas's
 # choice). At head_dim 128 ptxas on its own settles on 168 registers (three CTAs) and spills
@@ -209,12 +231,26 @@ DECODE_CTAS_PER_SM = {128: 2}
 # 64 but slower at batch 1-4 and with Sq=4, so the 4-warp 64-row tile stays.
 DECODE_KV_STAGES = {64: 2, 128: 2}
 
-# split-KV (flash-decoding): splits are added until the grid fills one wave of
-# SPLIT_WAVE_CTAS CTAs per SM, while every split keeps at least MIN_BLOCKS_PER_SPLIT key blocks
-# (its Q load, epilogue and partial write are paid once per split), and at most MAX_SPLITS
-SPLIT_WAVE_CTAS = 4
+# split-KV (flash-decoding): a call whose tiles (query blocks x K/V heads x batch) leave the GPU
+# partly idle has its keys split; `num_splits_heuristic` takes the fewest splits whose waves
+# are busy at least SPLIT_EFFICIENCY of the best split count's (a grid of 1.3 waves leaves most
+# SMs idle for the second), within at most MAX_SPLITS and at least a minimum of key blocks per
+# split (its Q load, epilogue and partial write are paid once per split), and never splits a
+# grid of MANY_WAVES waves or more. What a wave is depends on the grid, as measured on the H200
+# (docs/perf/2026-12-01-h200-decode-2/, 14 shapes):
+# - fewer tiles than SMs (small batch): one CTA per SM, at least MIN_BLOCKS_PER_SPLIT blocks
+#   each. A CTA's K/V ring keeps its SM's loads in flight on its own, and every split adds
+#   partial outputs to write and merge: at batch 1 and 32k keys, 16 splits of 8 K/V heads took
+#   46.7 µs, 45 (a wave of the 3 CTAs an SM holds) 53.4;
+# - at least as many tiles as SMs: a wave of every CTA an SM holds (`decode_ctas_per_sm`), and
+#   at least MIN_BLOCKS_PER_SPLIT_FULL blocks per split. Batch 64 at 8k keys (512 tiles on 396
+#   slots: 1.3 waves) went from 520 to 496 µs with 3 splits; with short splits (batch 32 at 2k
+#   keys, 10 blocks per split) the split lost 7%.
+SPLIT_EFFICIENCY = 0.9
 MIN_BLOCKS_PER_SPLIT = 4
+MIN_BLOCKS_PER_SPLIT_FULL = 16
 MAX_SPLITS = 128
+MANY_WAVES = 4
 
 # page sizes of a paged K/V cache: multiples of 16 keys (a copy pass's rows) up to this
 MAX_PAGE_SIZE = 1024
@@ -227,11 +263,19 @@ def supported_page_size(page_size) -> bool:
             and page_size % 16 == 0 and 16 <= page_size <= MAX_PAGE_SIZE)
 
 
-def decode_tile(arch: str, dtype: str, head_dim: int) -> TileConfig:
+def decode_tile(arch: str, dtype: str, head_dim: int, packed_rows: int = 64) -> TileConfig:
+    """The decode tile for `packed_rows` (query, head) rows per K/V head: the warps split the
+    keys where the rows fit one 16-row slab and such a tile exists for the head_dim."""
     budget = Arch.of_name(arch).smem_bytes
-    for block_m, block_n, num_threads in DECODE_TILES[head_dim_class(head_dim)]:
-        cfg = TileConfig(head_dim=head_dim, block_m=block_m, block_n=block_n,
-                         num_threads=num_threads, dtype=dtype)
+    hd = head_dim_class(head_dim)
+    tiles = [(16, n, t, True) for n, t in DECODE_WARP_SPLIT_TILES.get(hd, [])] \
+        if packed_rows <= WARP_SPLIT_MAX_ROWS else []
+    for block_m, block_n, num_threads, split in tiles + [t + (False,) for t in DECODE_TILES[hd]]:
+        try:
+            cfg = TileConfig(head_dim=head_dim, block_m=block_m, block_n=block_n,
+                             num_threads=num_threads, dtype=dtype, warps_split_keys=split)
+        except ValueError:
+            continue  # the copy partition does not divide this tile
         if cfg.smem_bytes() <= budget:
             return cfg
     raise ValueError(f"no decode tile of head_dim={head_dim} fits {arch}'s shared memory")
@@ -245,10 +289,14 @@ def decode_key(arch: str, dtype: str, head_dim: int, causal: bool, *, seqlen_q: 
     split keys. A longer query keeps the prefill tile, unpacked."""
     tiles = tile_arch or _forced_tile_arch[0] or arch
     short = seqlen_q <= DECODE_MAX_SEQLEN_Q
-    cfg = decode_tile(tiles, dtype, head_dim) if short else \
+    cfg = decode_tile(tiles, dtype, head_dim, seqlen_q * group) if short else \
         tile_config(tiles, dtype, head_dim, causal, "sm80")
-    cap = DECODE_CTAS_PER_SM.get(head_dim_class(head_dim), 0) if short else \
-        REGISTER_CAP_CTAS.get((tiles, "sm80", head_dim_class(head_dim), causal), 0)
+    if cfg.warps_split_keys:
+        cap = DECODE_WARP_SPLIT_CTAS_PER_SM[head_dim_class(head_dim)]
+    elif short:
+        cap = DECODE_CTAS_PER_SM.get(head_dim_class(head_dim), 0)
+    else:
+        cap = REGISTER_CAP_CTAS.get((tiles, "sm80", head_dim_class(head_dim), causal), 0)
     stages = 0
     ring = DECODE_KV_STAGES.get(head_dim_class(head_dim), 0)
     if short and ring >= 2:
@@ -258,11 +306,34 @@ def decode_key(arch: str, dtype: str, head_dim: int, causal: bool, *, seqlen_q: 
                    seqused_k=seqused_k)
 
 
-def num_splits_heuristic(tiles: int, n_blocks: int, num_sms: int) -> int:
+def decode_ctas_per_sm(key: Sm80Key, arch: str) -> int:
+    """How many CTAs of this kernel one SM holds: the fewest that its shared memory (the arch's
+    per-CTA limit + 1 KB per SM, 1 KB reserved per CTA, the ring's barriers in a 1 KB-aligned
+    block), its threads (2048 per SM) and its registers allow (the key's cap, which ptxas
+    fills, as DECODE_WARP_SPLIT_CTAS_PER_SM says; uncapped: 255 registers per thread)."""
+    cfg = key.tile
+    smem = cfg.smem_bytes(max(key.kv_stages, 1)) + (1024 if key.kv_stages else 0) + 1024
+    by_smem = (Arch.of_name(arch).smem_bytes + 1024) // smem
+    by_regs = key.ctas_per_sm or 65536 // (256 * cfg.num_threads)
+    return max(1, min(by_smem, 2048 // cfg.num_threads, by_regs, 32))
+
+
+@functools.lru_cache(maxsize=4096)
+def num_splits_heuristic(tiles: int, n_blocks: int, num_sms: int, ctas_per_sm: int = 1) -> int:
     """How many key splits a decode call gets: `tiles` CTAs without splitting (query blocks x
-    K/V heads x batch), `n_blocks` key blocks per query block, `num_sms` on the GPU."""
-    target = num_sms * SPLIT_WAVE_CTAS
-    if tiles >= target or n_blocks < 2 * MIN_BLOCKS_PER_SPLIT:
+    K/V heads x batch), `n_blocks` key blocks per query block, `num_sms` on the GPU, each
+    holding `ctas_per_sm` of the kernel's CTAs (`decode_ctas_per_sm`)."""
+    if tiles < num_sms:
+        slots, least = num_sms, MIN_BLOCKS_PER_SPLIT
+    else:
+        slots, least = num_sms * ctas_per_sm, MIN_BLOCKS_PER_SPLIT_FULL
+    most = min(n_blocks // least, MAX_SPLITS)
+    if tiles >= MANY_WAVES * slots or most < 2:
         return 1
-    splits = -(-target // tiles)
-    return max(1, min(splits, n_blocks // MIN_BLOCKS_PER_SPLIT, MAX_SPLITS))
+
+    def efficiency(splits):  # busy share of the waves' CTA slots
+        waves = tiles * splits / slots
+        return waves / math.ceil(waves)
+
+    best = max(efficiency(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if efficiency(s) >= SPLIT_EFFICIENCY * best)

@@ -34,6 +34,9 @@ def test_decode_kernel_compiles_without_spills(arch, features):
     key = decode_key(arch, "bfloat16", head_dim, causal, seqlen_q=seqlen_q, group=group,
                      page_size=page_size, seqused_k=seqused_k, split_kv=split_kv)
     assert key.pack_gqa == (group if seqlen_q <= 16 else 1)
+    # packed rows that fit one 16-row slab: the tile whose warps split the keys (not at head_dim
+    # 96, whose 32-wide swizzle atom makes a copy pass 32 rows)
+    assert key.tile.warps_split_keys == (seqlen_q * group <= 16 and head_dim != 96)
     assert key.tile.smem_bytes() <= SMEM_BYTES[arch]
     ptx = compile_kernel(key, keep_ptx=True).__ptx__
     assert re.search(rf"^\.target {arch}\b", ptx, re.M)
@@ -41,7 +44,9 @@ def test_decode_kernel_compiles_without_spills(arch, features):
     # K/V (paged: shifted per row) still move with 16-byte cp.async
     assert re.search(r"cp\.async\.cg\.shared\.global(\.L2::128B)? \[[^\]]+\], \[[^\]]+\], 16",
                      ptx)
-    if split_kv:  # float32 partials leave as 32-bit stores, not through smem as 16-bit O
+    if key.tile.warps_split_keys:  # the warps' partial O combined in smem, 16-byte stores out
+        assert "ex2.approx" in ptx and re.search(r"st\.global\.(v4\.b32|v2\.b64)", ptx)
+    elif split_kv:  # float32 partials leave as 32-bit stores, not through smem as 16-bit O
         assert "st.global.b32" in ptx or "st.global.f32" in ptx
     res = ptxas_resources(ptx, arch)
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]

@@ -18,6 +18,10 @@ from cute_fa.layouts import TileConfig
     (dict(dtype="float32"), "dtype"),
     (dict(dtype="int8"), "dtype"),
     (dict(head_dim=32, block_n=16), "block_n"),  # 32-wide atom: 32 rows per copy pass
+    # warps splitting the keys: one 16-row slab, 16 keys per warp at least
+    (dict(block_m=64, warps_split_keys=True), "block_m must be 16 when the warps split"),
+    (dict(block_m=16, block_n=32, warps_split_keys=True), "block_n must be a multiple of 16 \\* num_warps = 64"),
+    (dict(head_dim=96, block_m=16, block_n=64, warps_split_keys=True), "block_m must be a multiple of 32"),
 ])
 def test_invalid_config(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -31,6 +35,15 @@ def test_non_int_is_a_type_error():
         TileConfig(head_dim=64.0)
     with pytest.raises(TypeError, match="block_m must be an int"):
         FlashLayouts(block_m="64")
+
+
+def test_warp_split_tile():
+    cfg = TileConfig(head_dim=128, block_m=16, block_n=64, num_threads=128, warps_split_keys=True)
+    assert (cfg.mma_tile.block_m, cfg.mma_tile.block_n, cfg.mma_tile.num_threads) == (16, 16, 32)
+    assert cfg.warp_keys == 16 and not cfg.mma_tile.warps_split_keys
+    assert TileConfig().mma_tile == TileConfig()
+    with pytest.raises(TypeError, match="warps_split_keys must be a bool"):
+        TileConfig(block_m=16, warps_split_keys=1)
 
 
 def test_torch_dtypes_accepted():

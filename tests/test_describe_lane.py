@@ -73,13 +73,36 @@ def test_wide_tile_copy_columns_are_two_runs():
     assert "cols 0..7, 64..71 " in line
 
 
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: "d{}_{}x{}_{}t".format(*t))
+# decode's tiles whose warps split the keys: (head_dim, block_n, num_threads)
+WARP_SPLIT_TILES = [(128, 64, 128), (64, 128, 128), (256, 64, 128)]
+
+
+@pytest.mark.parametrize("tile", WARP_SPLIT_TILES, ids=lambda t: "d{}_16x{}_{}t_split".format(*t))
+def test_warp_split_line(tile):
+    head_dim, block_n, num_threads = tile
+    L = FlashLayouts(head_dim=head_dim, block_m=16, block_n=block_n, num_threads=num_threads,
+                     warps_split_keys=True)
+    per_warp = block_n // (num_threads // 32)
+    for tid in (0, 33, num_threads - 1):
+        *_, split = L.describe_lane(tid).splitlines()
+        w = tid // 32
+        m = re.fullmatch(r"  warp split:    its softmax and O are warp (\d+)'s over keys "
+                         r"(\d+)\.\.(\d+) of each tile; the (\d+) warps' O, max and sum are "
+                         r"combined in shared memory at the end", split)
+        assert m, split
+        assert [int(x) for x in m.groups()] == [w, w * per_warp, (w + 1) * per_warp - 1,
+                                                num_threads // 32]
+        assert {k for _, k in L.s_coords(tid)} <= set(range(w * per_warp, (w + 1) * per_warp))
+
+
+@pytest.mark.parametrize("tile", TILES + [(h, 16, n, t, True) for h, n, t in WARP_SPLIT_TILES],
+                         ids=lambda t: "d{}_{}x{}_{}t".format(*t) + ("_split" if t[4:] else ""))
 def test_summary_matches_tables(tile):
-    head_dim, block_m, block_n, num_threads = tile
+    head_dim, block_m, block_n, num_threads, *split = tile
     L = FlashLayouts(head_dim=head_dim, block_m=block_m, block_n=block_n,
-                     num_threads=num_threads)
+                     num_threads=num_threads, warps_split_keys=bool(split))
     for tid in sorted({0, 1, 5, 37 % num_threads, 70 % num_threads, num_threads - 1}):
-        head, qa, kb, s, vb, o, red, cp = L.describe_lane(tid).splitlines()
+        head, qa, kb, s, vb, o, red, cp, *_ = L.describe_lane(tid).splitlines()
         m = re.fullmatch(r"thread (\d+) \(warp (\d+), lane (\d+)\) holds query (.+), keys (.+), "
                          r"talks to lanes (.+)", head)
         assert m, head

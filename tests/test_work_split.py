@@ -7,7 +7,8 @@ import itertools
 import pytest
 
 from cute_fa.kernels.work import BlockInfo, QueryRows
-from cute_fa.tuning import MAX_SPLITS, MIN_BLOCKS_PER_SPLIT, num_splits_heuristic
+from cute_fa.tuning import (MANY_WAVES, MAX_SPLITS, MIN_BLOCKS_PER_SPLIT, SPLIT_EFFICIENCY,
+                            num_splits_heuristic)
 
 torch = pytest.importorskip("torch")
 
@@ -46,14 +47,23 @@ def test_split_ranges_cover_the_key_blocks_once(n_blocks, num_splits):
 
 
 def test_split_heuristic():
+    """Worked by hand for the shipped constants (efficiency 0.9, at least 4 blocks per split,
+    at most 128 splits, no split from 4 waves on), then properties over a grid."""
+    assert (SPLIT_EFFICIENCY, MIN_BLOCKS_PER_SPLIT, MAX_SPLITS, MANY_WAVES) == (0.9, 4, 128, 4)
     sms = 132
     # a full grid, or too few key blocks to share: no split
     assert num_splits_heuristic(tiles=4 * sms, n_blocks=1000, num_sms=sms) == 1
-    assert num_splits_heuristic(tiles=8, n_blocks=2 * MIN_BLOCKS_PER_SPLIT - 1, num_sms=sms) == 1
-    # one K/V head at batch 1: as many splits as keep MIN_BLOCKS_PER_SPLIT blocks each, capped
-    assert num_splits_heuristic(tiles=1, n_blocks=40, num_sms=sms) == 40 // MIN_BLOCKS_PER_SPLIT
-    assert num_splits_heuristic(tiles=1, n_blocks=10**6, num_sms=sms) == MAX_SPLITS
-    for tiles, n_blocks in itertools.product((1, 8, 64, 300), (8, 64, 512, 4096)):
+    assert num_splits_heuristic(tiles=8, n_blocks=7, num_sms=sms) == 1
+    # 3.88 waves of one CTA per SM: 97% busy already
+    assert num_splits_heuristic(tiles=512, n_blocks=128, num_sms=sms) == 1
+    # batch 1, 8 K/V heads, 512 key blocks: a wave of 8 s CTAs is 8 s / 132 busy, the best is
+    # 1.0 (s = 33); the fewest at >= 0.9 of it: s = 15 (120 CTAs, 0.909; s = 14: 0.848)
+    assert num_splits_heuristic(tiles=8, n_blocks=512, num_sms=sms) == 15
+    # one tile, 48 blocks: at most 12 splits (4 blocks each), best 12/132; 0.9 of it: 10.8/132
+    assert num_splits_heuristic(tiles=1, n_blocks=48, num_sms=sms) == 11
+    # 64 tiles: 2 splits fill 128 of 132 SMs (0.97; the best, 1.0 at 33 splits, is 2 waves)
+    assert num_splits_heuristic(tiles=64, n_blocks=64, num_sms=sms) == 2
+    for tiles, n_blocks in itertools.product((1, 8, 64, 300), (8, 64, 512, 4096, 10**6)):
         splits = num_splits_heuristic(tiles, n_blocks, sms)
         assert 1 <= splits <= MAX_SPLITS
         assert splits == 1 or n_blocks // splits >= MIN_BLOCKS_PER_SPLIT

@@ -174,24 +174,40 @@ def ring_timeline(rounds, stages: int, ax=None):
 
 
 def packed_rows_map(layouts, group: int, seqlen_q: int = 1, ax=None):
-    """Decode's GQA packing (`FlashLayouts.packed_rows`): each row of the tile coloured by the
-    warp whose S accumulator holds it, labelled with its (query, head) pair; padding rows grey."""
+    """Decode's GQA packing (`FlashLayouts.packed_rows`): the tile's S, (row, key), coloured by
+    the warp whose accumulator holds it (bands of rows on a tile of 16-row slabs per warp,
+    columns of keys where the warps split the keys), each row labelled with its (query, head)
+    pair; padding rows grey."""
     import matplotlib
     import matplotlib.pyplot as plt
 
+    cfg = layouts.config
     table = layouts.packed_rows(group, seqlen_q)
     if ax is None:
         _, ax = plt.subplots(figsize=(3.2, 0.16 * len(table) + 1))
-    colours = np.array([[r["warp"] if r["query"] is not None else np.nan] for r in table])
+    colours = np.full((cfg.block_m, cfg.block_n), np.nan)
+    for tid in range(cfg.num_threads):
+        for query, key in layouts.s_coords(tid):
+            if table[query]["query"] is not None:
+                colours[query, key] = tid // 32
     cmap = matplotlib.colormaps["tab10"].with_extremes(bad="0.88")  # padding rows grey
-    ax.imshow(colours, cmap=cmap, vmin=0, vmax=9, interpolation="nearest", aspect="auto")
+    ax.imshow(np.ma.masked_invalid(colours), cmap=cmap, vmin=0, vmax=9,
+              interpolation="nearest", aspect="auto")
     for r in table:
-        label = (f"q{r['query']} h0+{r['head']}  T{r['threads'][0]}..{r['threads'][-1]}"
-                 if r["query"] is not None else f"padding (warp {r['warp']})")
-        ax.text(0, r["row"], label, ha="center", va="center", fontsize=6)
-    ax.set_xticks([])
+        if r["query"] is None:
+            label = f"padding (warp {_join(r['warps'])})"
+        elif len(r["warps"]) == 1:
+            label = f"q{r['query']} h0+{r['head']}  T{r['threads'][0]}..{r['threads'][-1]}"
+        else:
+            label = f"q{r['query']} h0+{r['head']}"
+        ax.text((cfg.block_n - 1) / 2, r["row"], label, ha="center", va="center", fontsize=6)
+    ax.set_xlabel("key of the K/V tile")
     ax.set_ylabel("tile row")
     useful = sum(r["query"] is not None for r in table)
     ax.set_title(f"group {group}, Sq {seqlen_q}: {useful} of {len(table)} rows useful\n"
-                 f"(colour = warp holding the row)", fontsize=8)
+                 f"(colour = warp holding S[row, key])", fontsize=8)
     return ax
+
+
+def _join(values) -> str:
+    return ", ".join(str(v) for v in values)

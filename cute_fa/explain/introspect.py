@@ -27,7 +27,9 @@ def _collect(cfg: TileConfig) -> dict:
 
     def read_all():
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
-        tiled_mma = mma_mod.tiled_mma(cfg)
+        # the MMA side is the kernels': the CTA's TiledMMA, or where the warps split the keys
+        # one warp's, indexed by the lane, over that warp's keys (`smem.warp_keys`)
+        tiled_mma = mma_mod.tiled_mma(cfg.mma_tile)
         g2s = copies.gmem_tiled_copy_qkv(cfg)
         s2r = {
             "Q": copies.smem_tiled_copy_q(cfg, tiled_mma),
@@ -42,39 +44,53 @@ def _collect(cfg: TileConfig) -> dict:
         def coords(t):
             return _read.coordinates(t, 2)
 
+        def mma_view(tid):
+            """(MMA thread index, K tile, V^T tile, S tile) of thread tid, in tile coordinates."""
+            if not cfg.warps_split_keys:
+                return tid, cKV, cVt, cS
+            warp = tid // WARP_SIZE
+            cKV_w, cVt_w = smem.warp_keys(cKV, cVt, cfg, warp)
+            return (tid % WARP_SIZE, cKV_w, cVt_w,
+                    cute.local_tile(cS, (bm, cfg.warp_keys), (0, warp)))
+
         tables = {name: [] for name in ("Q", "K", "S", "V", "O", "PV_A", "copy_Q", "copy_KV",
                                         "ldsm_Q", "ldsm_K", "ldsm_V")}
         for tid in range(cfg.num_threads):
-            thr = tiled_mma.get_slice(tid)
+            mma_tid, cK_t, cVt_t, cS_t = mma_view(tid)
+            thr = tiled_mma.get_slice(mma_tid)
             tables["Q"].append(coords(thr.partition_A(cQ)))
-            tables["K"].append(coords(thr.partition_B(cKV)))
-            tables["S"].append(coords(thr.partition_C(cS)))
-            tables["V"].append(coords(thr.partition_B(cVt))[:, ::-1])  # (d,key) -> (key,d)
+            tables["K"].append(coords(thr.partition_B(cK_t)))
+            tables["S"].append(coords(thr.partition_C(cS_t)))
+            tables["V"].append(coords(thr.partition_B(cVt_t))[:, ::-1])  # (d,key) -> (key,d)
             tables["O"].append(coords(thr.partition_C(cQ)))
-            tables["PV_A"].append(coords(thr.partition_A(cS)))
+            tables["PV_A"].append(coords(thr.partition_A(cS_t)))
             g = g2s.get_slice(tid)
             tables["copy_Q"].append(coords(g.partition_S(cQ)))
             tables["copy_KV"].append(coords(g.partition_S(cKV)))
-            tables["ldsm_Q"].append(coords(s2r["Q"].get_slice(tid).partition_S(cQ)))
-            tables["ldsm_K"].append(coords(s2r["K"].get_slice(tid).partition_S(cKV)))
-            tables["ldsm_V"].append(coords(s2r["V"].get_slice(tid).partition_S(cVt))[:, ::-1])
+            tables["ldsm_Q"].append(coords(s2r["Q"].get_slice(mma_tid).partition_S(cQ)))
+            tables["ldsm_K"].append(coords(s2r["K"].get_slice(mma_tid).partition_S(cK_t)))
+            tables["ldsm_V"].append(coords(s2r["V"].get_slice(mma_tid).partition_S(cVt_t))
+                                    [:, ::-1])
         out["tables"] = {k: np.stack(v) for k, v in tables.items()}
         # A few elements read through the DSL's own indexing, so tests can check
         # the numpy evaluation of the same partitions against it.
         samples = {}
         for tid in (0, 37 % cfg.num_threads, cfg.num_threads - 1):
-            thr = tiled_mma.get_slice(tid)
-            for name, t in (("Q", thr.partition_A(cQ)), ("K", thr.partition_B(cKV)),
-                            ("S", thr.partition_C(cS)), ("copy_Q", g2s.get_slice(tid).partition_S(cQ)),
-                            ("ldsm_K", s2r["K"].get_slice(tid).partition_S(cKV))):
+            mma_tid, cK_t, _, cS_t = mma_view(tid)
+            thr = tiled_mma.get_slice(mma_tid)
+            for name, t in (("Q", thr.partition_A(cQ)), ("K", thr.partition_B(cK_t)),
+                            ("S", thr.partition_C(cS_t)),
+                            ("copy_Q", g2s.get_slice(tid).partition_S(cQ)),
+                            ("ldsm_K", s2r["K"].get_slice(mma_tid).partition_S(cK_t))):
                 samples[name, tid] = [tuple(int(x) for x in t[i]) for i in range(8)]
         out["dsl_samples"] = samples
 
         dtype = cutlass_dtype(cfg.dtype)
+        wn = cfg.mma_tile.block_n  # the keys one thread's MMAs cover
         tCrQ = cute.make_rmem_tensor(tiled_mma.partition_shape_A((bm, dp)), dtype)
-        tCrK = cute.make_rmem_tensor(tiled_mma.partition_shape_B((bn, dp)), dtype)
-        tCrS = cute.make_rmem_tensor(tiled_mma.partition_shape_C((bm, bn)), cutlass.Float32)
-        tOrVt = cute.make_rmem_tensor(tiled_mma.partition_shape_B((dp, bn)), dtype)
+        tCrK = cute.make_rmem_tensor(tiled_mma.partition_shape_B((wn, dp)), dtype)
+        tCrS = cute.make_rmem_tensor(tiled_mma.partition_shape_C((bm, wn)), cutlass.Float32)
+        tOrVt = cute.make_rmem_tensor(tiled_mma.partition_shape_B((dp, wn)), dtype)
         tOrO = cute.make_rmem_tensor(tiled_mma.partition_shape_C((bm, dp)), cutlass.Float32)
         views = {
             "tCrQ": tCrQ.layout,
@@ -170,14 +186,25 @@ class FlashLayouts:
     query and 64*n_block to a key for the global position.
     """
 
-    def __init__(self, head_dim=64, block_m=64, block_n=64, num_threads=128, dtype="float16"):
+    def __init__(self, head_dim=64, block_m=64, block_n=64, num_threads=128, dtype="float16",
+                 warps_split_keys=False):
         self.config = TileConfig(head_dim=head_dim, block_m=block_m, block_n=block_n,
-                                 num_threads=num_threads, dtype=dtype)
+                                 num_threads=num_threads, dtype=dtype,
+                                 warps_split_keys=warps_split_keys)
+
+    @classmethod
+    def of(cls, cfg: TileConfig) -> "FlashLayouts":
+        """The layouts of a kernel's own tile, e.g. `FlashLayouts.of(key.tile)` for a key of
+        `cute_fa.tuning.decode_key`."""
+        return cls(head_dim=cfg.head_dim, block_m=cfg.block_m, block_n=cfg.block_n,
+                   num_threads=cfg.num_threads, dtype=cfg.dtype,
+                   warps_split_keys=cfg.warps_split_keys)
 
     def __repr__(self):
         c = self.config
+        split = ", warps_split_keys=True" if c.warps_split_keys else ""
         return (f"FlashLayouts(head_dim={c.head_dim}, block_m={c.block_m}, block_n={c.block_n}, "
-                f"num_threads={c.num_threads}, dtype={c.dtype})")
+                f"num_threads={c.num_threads}, dtype={c.dtype}{split})")
 
     @property
     def _t(self) -> dict:
@@ -398,7 +425,8 @@ class FlashLayouts:
         """Decode's GQA packing of this tile (`cute_fa.kernels.work.QueryRows`, the object the
         kernels use): for each of its block_m rows, a dict with the query and the head offset
         within the group it holds (None for a padding row past the group's seqlen_q * group
-        rows), and the threads whose S accumulator holds that row (one quad) and their warp."""
+        rows), the threads whose S accumulator holds that row (one quad per warp holding it)
+        and their warps: one, or every warp where the warps split the keys."""
         from ..kernels.work import QueryRows
 
         if isinstance(group, bool) or not isinstance(group, int) or group < 1:
@@ -417,16 +445,17 @@ class FlashLayouts:
             threads = sorted(holders[r])
             out.append(dict(row=r, query=rows.query(packed) if useful else None,
                             head=packed % group if useful else None, threads=threads,
-                            warp=threads[0] // WARP_SIZE))
+                            warps=sorted({t // WARP_SIZE for t in threads})))
         return out
 
     def describe_packing(self, group: int, seqlen_q: int = 1) -> str:
         """Which rows of a decode tile (query block 0) do useful work under GQA packing, and
-        which warps hold them: the rest compute on zero rows."""
+        which warps hold them: on a tile of 16-row slabs per warp, the other warps compute on
+        zero rows; where the warps split the keys, every warp holds every row."""
         table = self.packed_rows(group, seqlen_q)
         useful = [r for r in table if r["query"] is not None]
-        warps = sorted({r["warp"] for r in useful})
-        idle = sorted({r["warp"] for r in table} - set(warps))
+        warps = sorted({w for r in useful for w in r["warps"]})
+        idle = sorted({w for r in table for w in r["warps"]} - set(warps))
         lines = [f"{group} query heads per K/V head, {seqlen_q} "
                  f"quer{'y' if seqlen_q == 1 else 'ies'}: {len(useful)} of "
                  f"{self.config.block_m} rows hold a (query, head) pair, in warp"
@@ -440,6 +469,10 @@ class FlashLayouts:
             lines.append(f"  warp{'' if len(idle) == 1 else 's'} {_join_and(idle)}: padding rows "
                          f"only; {'it reads' if len(idle) == 1 else 'each reads'} all of K and V "
                          f"from shared memory for nothing")
+        if self.config.warps_split_keys:
+            wk = self.config.warp_keys
+            lines.append("  each warp for its own keys of every K/V tile: " + ", ".join(
+                f"warp {w} keys {w * wk}..{(w + 1) * wk - 1}" for w in range(self.config.num_warps)))
         return "\n".join(lines)
 
     def describe_lane(self, tid: int) -> str:
@@ -478,6 +511,12 @@ class FlashLayouts:
             padded = self._pairs("copy_Q", tid)
             lines.append(f"  cp.async:      nothing: its cols {fmt_ranges(c for _, c in padded)} "
                          f"lie past head_dim {self.config.head_dim}, so it zero-fills them")
+        if self.config.warps_split_keys:
+            wk = self.config.warp_keys
+            lines.append(f"  warp split:    its softmax and O are warp {warp}'s over keys "
+                         f"{warp * wk}..{(warp + 1) * wk - 1} of each tile; the "
+                         f"{self.config.num_warps} warps' O, max and sum are combined in shared "
+                         f"memory at the end")
         return "\n".join(lines)
 
 

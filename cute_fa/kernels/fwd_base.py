@@ -75,6 +75,7 @@ class FlashFwdBase:
     def __init__(self, key):
         cfg = key.tile
         self.cfg = cfg
+        self.mma_cfg = cfg.mma_tile  # the CTA's tile, or one warp's where warps split the keys
         self.causal = key.causal
         self.ctas_per_sm = key.ctas_per_sm
         # decode features (fields of the cp.async kernel's key; absent: off)
@@ -98,9 +99,13 @@ class FlashFwdBase:
         return tile, self.block_info.n_block_max(seqlen, tile.m_block, causal_offset)
 
     def _context(self, thr: ThreadMma, m_block, seqlen: SeqlenInfo, causal_offset,
-                 n_block_max, loads, n_block_min=0, n_block_total=None) -> RoundContext:
+                 n_block_max, loads, n_block_min=0, n_block_total=None,
+                 warp=None) -> RoundContext:
+        """warp: where the warps split the keys, this thread's warp, whose keys start at
+        column warp * warp_keys of every K/V tile."""
         query0 = m_block * self.cfg.block_m + thr.row0
-        return RoundContext(thr, MaskCoords(thr.row_offsets, thr.col_offsets, query0, thr.col0),
+        col0 = thr.col0 if warp is None else thr.col0 + warp * self.cfg.warp_keys
+        return RoundContext(thr, MaskCoords(thr.row_offsets, thr.col_offsets, query0, col0),
                             seqlen, causal_offset, n_block_max, loads, n_block_min,
                             n_block_total)
 
@@ -123,8 +128,9 @@ class FlashFwdBase:
         cfg = self.cfg
         thr = ctx.thr
         slot = self.round_slot(ctx, i)
-        acc_S = cute.make_rmem_tensor(thr.thr_mma.partition_shape_C((cfg.block_m, cfg.block_n)),
-                                      cutlass.Float32)
+        acc_S = cute.make_rmem_tensor(
+            thr.thr_mma.partition_shape_C((self.mma_cfg.block_m, self.mma_cfg.block_n)),
+            cutlass.Float32)
         acc_S.fill(0.0)
         self.before_s(ctx, slot, masked)
         self.gemm_s(ctx, slot, acc_S)
@@ -146,8 +152,15 @@ class FlashFwdBase:
         self.gemm_o(ctx, slot, tOrP)
         self.after_round(ctx, slot)
 
-    def _epilogue(self, ctx: RoundContext, sQ, mO, mLSE, tile, write_lse, tidx):
-        if cutlass.const_expr(self.group == 1 and not self.split_kv):
+    def _epilogue(self, ctx: RoundContext, sQ, mO, mLSE, tile, write_lse, tidx, scratch=None,
+                  warp=None):
+        """scratch, warp: where the warps split the keys, the float32 smem their partial results
+        are combined in (`epilogue.warp_combine_bytes`) and this thread's warp."""
+        if cutlass.const_expr(self.cfg.warps_split_keys):
+            epilogue.write_outputs_warp_split(self.cfg, ctx.thr, scratch, mO, mLSE, tile,
+                                              self.rows, ctx.seqlen.seqlen_q, write_lse, tidx,
+                                              warp)
+        elif cutlass.const_expr(self.group == 1 and not self.split_kv):
             epilogue.write_outputs(self.cfg, ctx.thr, sQ, mO, mLSE, tile.batch, tile.head,
                                    tile.m_block, ctx.seqlen.seqlen_q, ctx.mask_at.query0,
                                    write_lse, tidx)

@@ -31,7 +31,10 @@ are (query, head) pairs of one K/V head's group, `work.QueryRows`; each row's ad
 shifted base row's), a paged K/V cache (K, V (pages, page_size, Hk, D) and a page table: each
 copied row is shifted from page 0 to its page), per-entry key counts (seqused_k), split-KV (a
 range of key blocks per CTA, float32 partial O and LSE into (split x batch)-indexed outputs for
-`kernels/merge.py`) and a ring of K/V stages that loads whole rounds ahead.
+`kernels/merge.py`), a ring of K/V stages that loads whole rounds ahead, and a tile whose warps
+split each K/V tile's keys instead of the rows (`TileConfig.warps_split_keys`: 16 packed rows,
+every warp's MMAs, mask and online softmax over its own slice of the keys, `smem.warp_keys`,
+the warps' O, max and sum combined in shared memory by `epilogue.write_outputs_warp_split`).
 """
 
 from __future__ import annotations
@@ -87,6 +90,11 @@ class FlashFwdSm80(FlashFwdBase):
     def __init__(self, key):
         super().__init__(key)
         self.kv_stages = key.kv_stages
+        if self.cfg.warps_split_keys and (epilogue.warp_combine_bytes(self.cfg)
+                                          > self.cfg.smem_bytes(max(self.kv_stages, 1))):
+            raise ValueError(f"the warps' combine needs {epilogue.warp_combine_bytes(self.cfg)} "
+                             f"bytes of shared memory, more than this tile's Q and K/V tiles "
+                             f"({self.cfg.smem_bytes(max(self.kv_stages, 1))}): {self.cfg}")
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
@@ -186,15 +194,23 @@ class FlashFwdSm80(FlashFwdBase):
             else:
                 tQsQ[None, m, None].fill(0.0)
 
+        # the MMAs' share of each K/V tile: all of it, or where the warps split the keys this
+        # warp's slice of it (then the MMA state is one warp's, indexed by the lane)
+        warp, mma_tidx, sK_mma, sVt_mma = None, tidx, sK, sVt
+        if cutlass.const_expr(cfg.warps_split_keys):
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            mma_tidx = tidx % cute.arch.WARP_SIZE
+            sK_mma, sVt_mma = smem.warp_keys(sK, sVt, cfg, warp, self.kv_stages)
         if cutlass.const_expr(self.kv_stages == 0):
-            thr = thread_mma(cfg, tidx, sQ, sK, sVt, sK, sVt, scale_log2)
+            thr = thread_mma(self.mma_cfg, mma_tidx, sQ, sK_mma, sVt_mma, sK_mma, sVt_mma,
+                             scale_log2)
             if n_block_max > n_block_min:
                 self._load_kv(loads, loads.tKgK, loads.tKsK, n_block_max - 1, seqlen.seqlen_k,
                               True)
             cute.arch.cp_async_commit_group()
         else:
-            thr = thread_mma(cfg, tidx, sQ, sK, sVt, sK[None, None, 0], sVt[None, None, 0],
-                             scale_log2)
+            thr = thread_mma(self.mma_cfg, mma_tidx, sQ, sK_mma, sVt_mma, sK_mma[None, None, 0],
+                             sVt_mma[None, None, 0], scale_log2)
             # the ring's first stages: one cp.async group per stage, empty past the last block,
             # so that round i always waits for the i-th group
             for stage in cutlass.range_constexpr(self.kv_stages):
@@ -206,9 +222,15 @@ class FlashFwdSm80(FlashFwdBase):
                 cute.arch.cp_async_commit_group()
 
         ctx = self._context(thr, m_block, seqlen, causal_offset, n_block_max, loads,
-                            n_block_min, n_block_total)
+                            n_block_min, n_block_total, warp)
         self._rounds(ctx)
-        self._epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx)
+        scratch = None
+        if cutlass.const_expr(cfg.warps_split_keys):
+            # the warps' partial O, max and sum overlay Q and the K/V tiles, which the struct
+            # lays out back to back (each a multiple of 1024 bytes)
+            scratch = storage.sQ.get_tensor(
+                cute.make_layout(epilogue.warp_combine_bytes(cfg) // 4), dtype=cutlass.Float32)
+        self._epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx, scratch, warp)
 
     @cute.jit
     def _copy_row(self, g2s: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,

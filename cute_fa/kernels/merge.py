@@ -25,6 +25,7 @@ from ..layouts._types import cutlass_dtype
 THREADS = 128
 VEC = 4
 UNROLL = 8
+LOG2_E = math.log2(math.e)
 
 
 class MergeAttention:
@@ -62,21 +63,29 @@ class MergeAttention:
             s = bs % seqlen
             b = bs // seqlen
             parts = mOp.shape[0]
+            # one pass, online (the running max and the sum rescaled as the max grows), every
+            # part's loads unconditional: unrolled, UNROLL parts' loads are in flight at once
+            # (split-KV at batch 1 merges 16-128 parts per row: a memory latency per part, or
+            # a branch per part, would cost microseconds)
             lse_max = -cutlass.Float32.inf
-            # unrolled: the parts' loads are independent, and a rolled loop would wait out one
-            # memory latency per part (split-KV at batch 1 merges 60+ parts per row)
-            for p in cutlass.range(0, parts, 1, unroll=UNROLL):
-                lse_max = cute.arch.fmax(lse_max, mLSEp[p, b, h, s])
+            total = cutlass.Float32(0.0)
             acc = cute.make_rmem_tensor(VEC, cutlass.Float32)
             acc.fill(0.0)
-            total = cutlass.Float32(0.0)
+            rOp = cute.make_rmem_tensor(VEC, cutlass.Float32)
             for p in cutlass.range(0, parts, 1, unroll=UNROLL):
                 lse_p = mLSEp[p, b, h, s]
-                if lse_p != -cutlass.Float32.inf:
-                    w = cute.math.exp2((lse_p - lse_max) * math.log2(math.e), fastmath=True)
-                    total = total + w
-                    gOp = cute.local_tile(mOp[p, b, s, h, None], (VEC,), (v,))
-                    acc.store(acc.load() + gOp.load().to(cutlass.Float32) * w)
+                rOp.store(cute.local_tile(mOp[p, b, s, h, None], (VEC,), (v,)).load()
+                          .to(cutlass.Float32))
+                new_max = cute.arch.fmax(lse_max, lse_p)
+                base = 0.0 if new_max == -cutlass.Float32.inf else new_max
+                scale = cute.math.exp2((lse_max - base) * LOG2_E, fastmath=True)
+                w = cute.math.exp2((lse_p - base) * LOG2_E, fastmath=True)
+                live = lse_p != -cutlass.Float32.inf
+                total = total * scale + w
+                for i in cutlass.range_constexpr(VEC):
+                    # a part that saw no key adds nothing, whatever its o_p holds
+                    acc[i] = acc[i] * scale + (rOp[i] * w if live else 0.0)
+                lse_max = new_max
             inv = cutlass.Float32(0.0)
             if total > 0.0:
                 inv = 1.0 / total

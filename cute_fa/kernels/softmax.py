@@ -105,6 +105,11 @@ class OnlineSoftmax:
             for r in cutlass.range_constexpr(cute.size(self.row_max)):
                 acc_O_mn[r, None] = acc_O_mn[r, None].load() * scale.alphas[r]
 
+    def quad_total(self, r):
+        """Row r's sum over every key this warp saw: the thread's partial sum, all-reduced
+        across the lanes that share the row."""
+        return quad_allreduce(self.row_sum[r], self.offsets, _add)
+
     @cute.jit
     def finalize(self, acc_O_mn: cute.Tensor, lse: cute.Tensor):
         """Divide O by the full row sums; write each row's natural-log LSE into `lse`.
@@ -112,7 +117,7 @@ class OnlineSoftmax:
         A row with no visible key has sum 0: its O stays 0 and its LSE is -inf.
         """
         for r in cutlass.range_constexpr(cute.size(self.row_max)):
-            total = quad_allreduce(self.row_sum[r], self.offsets, _add)
+            total = self.quad_total(r)
             empty = total == 0.0
             inv = 0.0 if empty else cute.arch.rcp_approx(total)
             acc_O_mn[r, None] = acc_O_mn[r, None].load() * inv

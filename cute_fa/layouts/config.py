@@ -56,6 +56,9 @@ class TileConfig:
     block_n:     key/value rows per round (Bc, kBlockN).
     num_threads: threads per CTA, a multiple of 32.
     dtype:       'float16' or 'bfloat16' (anything `canonical_dtype` accepts).
+    warps_split_keys: the warps split each K/V tile's keys instead of the query rows (decode:
+                 a tile of one 16-row slab, block_n / num_warps keys per warp, the warps'
+                 partial softmax results combined at the end); `mma_tile` is one warp's tile.
     """
 
     head_dim: int = 64
@@ -63,6 +66,7 @@ class TileConfig:
     block_n: int = 64
     num_threads: int = 128
     dtype: str = "float16"
+    warps_split_keys: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -74,7 +78,17 @@ class TileConfig:
             )
         bm = _require_int("block_m", self.block_m)
         rows_per_mma_tile = MMA_M * self.num_warps
-        if bm <= 0 or bm % rows_per_mma_tile:
+        if not isinstance(self.warps_split_keys, bool):
+            raise TypeError(f"warps_split_keys must be a bool, got {self.warps_split_keys!r}")
+        if self.warps_split_keys:
+            keys = 16 * self.num_warps
+            if bm != MMA_M:
+                raise ValueError(f"block_m must be {MMA_M} when the warps split the keys (one "
+                                 f"16-row MMA slab shared by every warp), got {bm}")
+            if _require_int("block_n", self.block_n) % keys:
+                raise ValueError(f"block_n must be a multiple of 16 * num_warps = {keys} when "
+                                 f"the warps split the keys, got {self.block_n}")
+        elif bm <= 0 or bm % rows_per_mma_tile:
             raise ValueError(
                 f"block_m must be a positive multiple of 16 * num_warps = {rows_per_mma_tile} "
                 f"(warps split the query rows in 16-row MMA slabs), got {bm}"
@@ -98,6 +112,21 @@ class TileConfig:
     @property
     def num_warps(self) -> int:
         return self.num_threads // WARP_SIZE
+
+    @property
+    def mma_tile(self) -> "TileConfig":
+        """The tile the TiledMMA covers: the CTA's, or with warps_split_keys one warp's (16
+        rows, block_n / num_warps keys, 32 threads)."""
+        if not self.warps_split_keys:
+            return self
+        return TileConfig(head_dim=self.head_dim, block_m=self.block_m,
+                          block_n=self.block_n // self.num_warps, num_threads=WARP_SIZE,
+                          dtype=self.dtype)
+
+    @property
+    def warp_keys(self) -> int:
+        """Keys of each K/V tile one warp's MMAs read."""
+        return self.mma_tile.block_n
 
     @property
     def elem_bytes(self) -> int:

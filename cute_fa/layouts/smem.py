@@ -48,6 +48,18 @@ def transposed_v(sV, cfg: TileConfig, stages: int = 0):
     return cute.composition(sV, cute.make_layout((dp, bn, stages), stride=(bn, 1, bn * dp)))
 
 
+def warp_keys(sK, sVt, cfg: TileConfig, warp, stages: int = 0):
+    """With `cfg.warps_split_keys`: warp `warp`'s keys of the K tile sK(key, d[, stage]) and of
+    sVt(d, key[, stage]), rows (columns) warp * warp_keys ... + warp_keys - 1. A slice of whole
+    8-row swizzle atoms, so the swizzle of every row it holds is the tile's."""
+    wk, dp = cfg.warp_keys, cfg.head_dim_padded
+    if not stages:
+        return (cute.local_tile(sK, (wk, dp), (warp, 0)),
+                cute.local_tile(sVt, (dp, wk), (0, warp)))
+    return (cute.local_tile(sK, (wk, dp, stages), (warp, 0, 0)),
+            cute.local_tile(sVt, (dp, wk, stages), (0, warp, 0)))
+
+
 def smem_layout(cfg: TileConfig, tensor: str):
     """The layout of one named tile: 'Q', 'K', 'V' or 'O'."""
     builders = {"Q": smem_layout_q, "O": smem_layout_o, "K": smem_layout_kv, "V": smem_layout_kv}
