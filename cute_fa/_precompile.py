@@ -16,8 +16,8 @@ from .backends import MergeKey
 from .compiler import get_kernel, wait_for_saves
 from .layouts.config import canonical_dtype, check_head_dim
 from .arch import Arch
-from .tuning import (DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, check_backend, decode_key, kernel_key,
-                     supported_page_size)
+from .tuning import (DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, check_backend, decode_key,
+                     decode_rows_class, kernel_key, supported_page_size)
 
 
 def _as_tuple(name: str, value, single: tuple, what: str) -> tuple:
@@ -88,13 +88,17 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
         arch = Arch.parse(arch).name
     keys = [kernel_key(arch, dtype, head_dim, is_causal, backend)
             for head_dim, dtype, is_causal in itertools.product(head_dims, dtypes, causal)]
-    # one query and the most a decode call has: their packed rows (queries x group) fit one
-    # 16-row slab or not, the two kinds of decode tile (tuning.decode_tile)
-    for head_dim, dtype, is_causal, group, page_size, seqused_k, split_kv, seqlen_q in \
-            itertools.product(head_dims, dtypes, causal, decode_groups, (0,) + page_sizes,
-                              (False, True), (False, True), (1, DECODE_MAX_SEQLEN_Q)):
-        keys.append(decode_key(arch, dtype, head_dim, is_causal, seqlen_q=seqlen_q, group=group,
-                               page_size=page_size, seqused_k=seqused_k, split_kv=split_kv))
+    # every decode tile a call of 1..DECODE_MAX_SEQLEN_Q queries can take: one query length per
+    # class of packed rows (queries x group; tuning.decode_rows_class)
+    for head_dim, dtype, is_causal, group, page_size, seqused_k, split_kv in itertools.product(
+            head_dims, dtypes, causal, decode_groups, (0,) + page_sizes, (False, True),
+            (False, True)):
+        lengths = {decode_rows_class(head_dim, n * group): n
+                   for n in range(DECODE_MAX_SEQLEN_Q, 0, -1)}
+        for seqlen_q in sorted(lengths.values()):
+            keys.append(decode_key(arch, dtype, head_dim, is_causal, seqlen_q=seqlen_q,
+                                   group=group, page_size=page_size, seqused_k=seqused_k,
+                                   split_kv=split_kv))
     if decode_groups:
         keys += [MergeKey(arch, head_dim, "float32", dtype)
                  for head_dim, dtype in itertools.product(head_dims, dtypes)]

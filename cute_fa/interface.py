@@ -19,7 +19,7 @@ from .arch import Arch
 from .backends import MergeKey
 from .layouts.config import check_head_dim
 from .tuning import (BACKENDS, DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, MAX_SPLITS,
-                     WARP_SPLIT_MAX_ROWS, check_backend, decode_ctas_per_sm, decode_key,
+                     check_backend, decode_ctas_per_sm, decode_key, decode_rows_class,
                      forced_tile_arch, kernel_key, num_splits_heuristic, supported_page_size)
 
 Backend = Literal["auto", "sm80", "tma"]
@@ -341,11 +341,11 @@ def _decode_plan(device_index, q, k, causal, seqused_k, page_table, num_splits) 
     paged = page_table is not None
     page_size = k.shape[1] if paged else 0
     capacity = page_table.shape[1] * page_size if paged else k.shape[1]
-    # what decode_key reads of seqlen_q: whether the call is short, and whether its packed
-    # rows fit one 16-row slab
+    # what decode_key reads of seqlen_q: whether the call is short, and which decode tile its
+    # packed rows take
     request = ("decode", device_index, q.dtype, head_dim, causal, seqlen_q <= DECODE_MAX_SEQLEN_Q,
-               seqlen_q * (heads_q // heads_kv) <= WARP_SPLIT_MAX_ROWS, heads_q // heads_kv,
-               page_size, seqused_k is not None, forced_tile_arch())
+               decode_rows_class(head_dim, seqlen_q * (heads_q // heads_kv)),
+               heads_q // heads_kv, page_size, seqused_k is not None, forced_tile_arch())
     # the key, its compiled kernels without and with split-KV once asked for, and the CTAs an
     # SM holds: a warm call costs a dict lookup and the (cached) split count
     held = memory_cache.get(request)

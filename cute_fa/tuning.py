@@ -198,24 +198,43 @@ DECODE_MAX_SEQLEN_Q = 16
 DECODE_TILES = {64: [(64, 128, 128), (64, 64, 128)], 128: [(64, 64, 128)],
                 192: [(64, 32, 128)], 256: [(64, 32, 128)]}
 
-# head_dim class -> [(block_n, num_threads), ...]: the decode tile for calls whose packed rows
-# (queries x heads of a group) fit one 16-row slab, e.g. one query of a 32/8 or 64/8 GQA
-# model. A 64-row tile holds 4-8 useful rows there, and its four warps would each read every
-# key; here the warps split each K/V tile's keys instead (block_n / num_threads * 32 keys each)
-# and combine their partial softmax results at the end. On the H200 (14 shapes,
-# docs/perf/2026-12-01-h200-decode-2/sweep1_tiles_stages.txt) 119.8 -> 108.8 µs geometric
-# mean over the 64-row tile; 128-key stages at head_dim 128 measured the same, 3 ring stages
-# 1-2% faster on some shapes and slower on others. More rows than one slab stay on the 64-row
-# tile: two 16-row CTAs per group, each reading K/V, measured slower (sweep5).
-DECODE_WARP_SPLIT_TILES = {64: [(128, 128)], 128: [(64, 128)], 192: [(64, 128)],
-                           256: [(64, 128)]}
-WARP_SPLIT_MAX_ROWS = 16  # one m16n8k16 slab
+# head_dim class -> [(block_m, block_n, num_threads), ...]: decode tiles whose warps split the
+# keys as well as the rows (`TileConfig.warps_split_keys`), for calls whose packed rows
+# (queries x heads of a group) fit block_m: the smallest that holds them is taken. One query of
+# a 32/8 or 64/8 GQA model is 4-8 rows: a 64-row tile of 16 rows per warp holds them in one
+# warp while three others read every key for padding; here the 4 warps of a 16-row tile each
+# take a quarter of every K/V tile's keys (two warps per 16-row slab for 32 rows) and combine
+# their partial softmax results at the end. On the H200 (14 shapes,
+# docs/perf/2026-12-01-h200-decode-2/sweep1_tiles_stages.txt) the 16-row tile took 119.8 ->
+# 108.8 µs geometric mean against the 64-row one; 128-key stages at head_dim 128 measured the
+# same, 3 ring stages 1-2% faster on some shapes and slower on others; two 16-row CTAs per
+# group of 32 rows, each reading K/V, measured slower than the 64-row tile (sweep5), the 32-row
+# tile faster: 0.91x its time over the benchmark's 96 rows of 32 packed rows (decode.md against
+# decode_16row_tiles_only.md; 0.75x-1.11x, the losses at batch 64, head_dim 128).
+DECODE_WARP_SPLIT_TILES = {64: [(16, 128, 128), (32, 64, 128)],
+                           128: [(16, 64, 128), (32, 64, 128)],
+                           192: [(16, 64, 128), (32, 64, 128)],
+                           256: [(16, 64, 128), (32, 64, 128)]}
 
-# head_dim class -> CTAs per SM their registers are capped for: 3 (168 registers per thread),
-# which ptxas fills without spilling, except at head_dim 256 (a 128-float O accumulator per
-# thread: 24-60 bytes of spills), capped for 2 (255). Left to itself ptxas gave sm_80's
-# head_dim-64 kernel 96 registers and spilled 4 bytes.
-DECODE_WARP_SPLIT_CTAS_PER_SM = {64: 3, 128: 3, 192: 3, 256: 2}
+
+def decode_rows_class(head_dim: int, packed_rows: int) -> int:
+    """block_m of the warp-split decode tile that `packed_rows` rows take (the smallest that
+    holds them), or 0 where none does (the 64-row tile). What of a call's query length the
+    decode tile depends on."""
+    for block_m, _, _ in DECODE_WARP_SPLIT_TILES.get(head_dim_class(head_dim), []):
+        if packed_rows <= block_m:
+            return block_m
+    return 0
+
+
+# (head_dim class, block_m) -> CTAs per SM their registers are capped for: 3 (168 registers per
+# thread), which ptxas fills without spilling, except for O accumulators of 64 floats per thread
+# with 32 keys per warp (head_dim 128, 32 rows: 8 bytes of spills with a paged cache) and of
+# 96-128 floats (head_dim 192 and 256: 4-60 bytes on some archs), capped for 2 (255). Left to
+# itself ptxas gave sm_80's head_dim-64 kernel 96 registers and spilled 4 bytes. (At head_dim
+# 64 the 32-row tile takes 64-key stages: with 128, 64 keys per warp, it spilled 4-24 bytes.)
+DECODE_WARP_SPLIT_CTAS_PER_SM = {(64, 16): 3, (64, 32): 3, (128, 16): 3, (128, 32): 2,
+                                 (192, 16): 2, (192, 32): 2, (256, 16): 2, (256, 32): 2}
 
 # head_dim class -> CTAs per SM the decode kernel's registers are capped for (absent: ptxas's
 # choice). At head_dim 128 ptxas on its own settles on 168 registers (three CTAs) and spills
@@ -264,12 +283,13 @@ def supported_page_size(page_size) -> bool:
 
 
 def decode_tile(arch: str, dtype: str, head_dim: int, packed_rows: int = 64) -> TileConfig:
-    """The decode tile for `packed_rows` (query, head) rows per K/V head: the warps split the
-    keys where the rows fit one 16-row slab and such a tile exists for the head_dim."""
+    """The decode tile for `packed_rows` (query, head) rows per K/V head: one whose warps split
+    the keys where `decode_rows_class` gives one, else DECODE_TILES' (each the first that is
+    valid for the head_dim and fits the arch's shared memory)."""
     budget = Arch.of_name(arch).smem_bytes
     hd = head_dim_class(head_dim)
-    tiles = [(16, n, t, True) for n, t in DECODE_WARP_SPLIT_TILES.get(hd, [])] \
-        if packed_rows <= WARP_SPLIT_MAX_ROWS else []
+    rows = decode_rows_class(head_dim, packed_rows)
+    tiles = [t + (True,) for t in DECODE_WARP_SPLIT_TILES.get(hd, []) if t[0] == rows]
     for block_m, block_n, num_threads, split in tiles + [t + (False,) for t in DECODE_TILES[hd]]:
         try:
             cfg = TileConfig(head_dim=head_dim, block_m=block_m, block_n=block_n,
@@ -292,7 +312,7 @@ def decode_key(arch: str, dtype: str, head_dim: int, causal: bool, *, seqlen_q: 
     cfg = decode_tile(tiles, dtype, head_dim, seqlen_q * group) if short else \
         tile_config(tiles, dtype, head_dim, causal, "sm80")
     if cfg.warps_split_keys:
-        cap = DECODE_WARP_SPLIT_CTAS_PER_SM[head_dim_class(head_dim)]
+        cap = DECODE_WARP_SPLIT_CTAS_PER_SM[head_dim_class(head_dim), cfg.block_m]
     elif short:
         cap = DECODE_CTAS_PER_SM.get(head_dim_class(head_dim), 0)
     else:

@@ -23,6 +23,8 @@ FEATURES = [
     (256, True, 1, 8, 64, True, True),
     (96, False, 2, 1, 16, False, True),
     (192, False, 1, 4, 0, False, False),
+    (64, True, 4, 8, 64, True, True),
+    (192, True, 8, 4, 0, True, False),
     (128, True, 128, 4, 64, True, False),
 ]
 
@@ -34,9 +36,11 @@ def test_decode_kernel_compiles_without_spills(arch, features):
     key = decode_key(arch, "bfloat16", head_dim, causal, seqlen_q=seqlen_q, group=group,
                      page_size=page_size, seqused_k=seqused_k, split_kv=split_kv)
     assert key.pack_gqa == (group if seqlen_q <= 16 else 1)
-    # packed rows that fit one 16-row slab: the tile whose warps split the keys (not at head_dim
-    # 96, whose 32-wide swizzle atom makes a copy pass 32 rows)
-    assert key.tile.warps_split_keys == (seqlen_q * group <= 16 and head_dim != 96)
+    # up to 32 packed rows: a tile whose warps split the keys (not at head_dim 96, whose 32-wide
+    # swizzle atom makes a copy pass of 128 threads 32 rows)
+    assert key.tile.warps_split_keys == (seqlen_q * group <= 32 and head_dim != 96)
+    if key.tile.warps_split_keys:
+        assert key.tile.block_m == (16 if seqlen_q * group <= 16 else 32)
     assert key.tile.smem_bytes() <= SMEM_BYTES[arch]
     ptx = compile_kernel(key, keep_ptx=True).__ptx__
     assert re.search(rf"^\.target {arch}\b", ptx, re.M)

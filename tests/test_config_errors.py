@@ -19,8 +19,13 @@ from cute_fa.layouts import TileConfig
     (dict(dtype="int8"), "dtype"),
     (dict(head_dim=32, block_n=16), "block_n"),  # 32-wide atom: 32 rows per copy pass
     # warps splitting the keys: one 16-row slab, 16 keys per warp at least
-    (dict(block_m=64, warps_split_keys=True), "block_m must be 16 when the warps split"),
-    (dict(block_m=16, block_n=32, warps_split_keys=True), "block_n must be a multiple of 16 \\* num_warps = 64"),
+    (dict(block_m=64, warps_split_keys=True), "block_m must be 16 times a proper divisor of "
+                                              "num_warps = 4"),
+    (dict(block_m=48, warps_split_keys=True), "block_m must be 16 times a proper divisor"),
+    (dict(block_m=16, block_n=32, warps_split_keys=True),
+     "block_n must be a multiple of 16 \\* 4 warps per slab = 64"),
+    (dict(block_m=32, block_n=48, warps_split_keys=True),
+     "block_n must be a multiple of 16 \\* 2 warps per slab = 32"),
     (dict(head_dim=96, block_m=16, block_n=64, warps_split_keys=True), "block_m must be a multiple of 32"),
 ])
 def test_invalid_config(kwargs, name):
@@ -41,6 +46,12 @@ def test_warp_split_tile():
     cfg = TileConfig(head_dim=128, block_m=16, block_n=64, num_threads=128, warps_split_keys=True)
     assert (cfg.mma_tile.block_m, cfg.mma_tile.block_n, cfg.mma_tile.num_threads) == (16, 16, 32)
     assert cfg.warp_keys == 16 and not cfg.mma_tile.warps_split_keys
+    assert (cfg.row_slabs, cfg.key_groups) == (1, 4)
+    assert [cfg.warp_place(w) for w in range(4)] == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    cfg = TileConfig(head_dim=128, block_m=32, block_n=64, num_threads=128, warps_split_keys=True)
+    assert (cfg.row_slabs, cfg.key_groups, cfg.warp_keys) == (2, 2, 32)
+    assert [cfg.warp_place(w) for w in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert (TileConfig().row_slabs, TileConfig().key_groups) == (4, 1)
     assert TileConfig().mma_tile == TileConfig()
     with pytest.raises(TypeError, match="warps_split_keys must be a bool"):
         TileConfig(block_m=16, warps_split_keys=1)

@@ -73,16 +73,18 @@ def test_wide_tile_copy_columns_are_two_runs():
     assert "cols 0..7, 64..71 " in line
 
 
-# decode's tiles whose warps split the keys: (head_dim, block_n, num_threads)
-WARP_SPLIT_TILES = [(128, 64, 128), (64, 128, 128), (256, 64, 128)]
+# decode's tiles whose warps split the keys: (head_dim, block_m, block_n, num_threads)
+WARP_SPLIT_TILES = [(128, 16, 64, 128), (64, 16, 128, 128), (256, 16, 64, 128),
+                    (128, 32, 64, 128), (64, 32, 64, 128)]
 
 
-@pytest.mark.parametrize("tile", WARP_SPLIT_TILES, ids=lambda t: "d{}_16x{}_{}t_split".format(*t))
+@pytest.mark.parametrize("tile", WARP_SPLIT_TILES, ids=lambda t: "d{}_{}x{}_{}t_split".format(*t))
 def test_warp_split_line(tile):
-    head_dim, block_n, num_threads = tile
-    L = FlashLayouts(head_dim=head_dim, block_m=16, block_n=block_n, num_threads=num_threads,
-                     warps_split_keys=True)
-    per_warp = block_n // (num_threads // 32)
+    head_dim, block_m, block_n, num_threads = tile
+    L = FlashLayouts(head_dim=head_dim, block_m=block_m, block_n=block_n,
+                     num_threads=num_threads, warps_split_keys=True)
+    sharing = num_threads // 32 // (block_m // 16)  # warps per 16-row slab
+    per_warp = block_n // sharing
     for tid in (0, 33, num_threads - 1):
         *_, split = L.describe_lane(tid).splitlines()
         w = tid // 32
@@ -90,12 +92,13 @@ def test_warp_split_line(tile):
                          r"(\d+)\.\.(\d+) of each tile; the (\d+) warps' O, max and sum are "
                          r"combined in shared memory at the end", split)
         assert m, split
-        assert [int(x) for x in m.groups()] == [w, w * per_warp, (w + 1) * per_warp - 1,
-                                                num_threads // 32]
-        assert {k for _, k in L.s_coords(tid)} <= set(range(w * per_warp, (w + 1) * per_warp))
+        g = w % sharing
+        assert [int(x) for x in m.groups()] == [w, g * per_warp, (g + 1) * per_warp - 1, sharing]
+        assert {k for _, k in L.s_coords(tid)} <= set(range(g * per_warp, (g + 1) * per_warp))
+        assert {q // 16 for q, _ in L.s_coords(tid)} == {w // sharing}
 
 
-@pytest.mark.parametrize("tile", TILES + [(h, 16, n, t, True) for h, n, t in WARP_SPLIT_TILES],
+@pytest.mark.parametrize("tile", TILES + [t + (True,) for t in WARP_SPLIT_TILES],
                          ids=lambda t: "d{}_{}x{}_{}t".format(*t) + ("_split" if t[4:] else ""))
 def test_summary_matches_tables(tile):
     head_dim, block_m, block_n, num_threads, *split = tile

@@ -59,6 +59,24 @@ def test_warp_split_tile_s_coordinates():
                                         for atom in range(16) for c in range(2)}
 
 
+def test_two_slab_warp_split_tile_s_coordinates():
+    """32 rows, 4 warps: warp w holds slab w // 2 (rows 16 (w // 2) ...) and keys 32 (w % 2) ...
+    of the 64-key tile; within it the m16n8k16 accumulator's lanes as above."""
+    L = FlashLayouts(head_dim=128, block_m=32, block_n=64, num_threads=128, dtype="bfloat16",
+                     warps_split_keys=True)
+    for tid in range(128):
+        w, lane = divmod(tid, 32)
+        rows = (16 * (w // 2) + lane // 4, 16 * (w // 2) + lane // 4 + 8)
+        assert set(L.s_coords(tid)) == {(row, 32 * (w % 2) + 8 * atom + 2 * (lane % 4) + c)
+                                        for row in rows for atom in range(4) for c in range(2)}
+        assert {q for q, _ in L.q_coords(tid)} == set(rows)
+    table = L.packed_rows(8, 4)
+    assert [r["warps"] for r in table[14:18]] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert table[17]["threads"] == [68, 69, 70, 71, 100, 101, 102, 103]
+    assert L.describe_packing(8, 4).splitlines()[-1].endswith(
+        "warp 2 rows 16..31 keys 0..31, warp 3 rows 16..31 keys 32..63")
+
+
 def test_describe_packing_of_the_warp_split_tile():
     text = FlashLayouts(**WARP_SPLIT_TILE).describe_packing(4)
     lines = text.splitlines()

@@ -45,29 +45,30 @@ def _collect(cfg: TileConfig) -> dict:
             return _read.coordinates(t, 2)
 
         def mma_view(tid):
-            """(MMA thread index, K tile, V^T tile, S tile) of thread tid, in tile coordinates."""
+            """(MMA thread index, Q, K, V^T and S tiles) of thread tid, in tile coordinates."""
             if not cfg.warps_split_keys:
-                return tid, cKV, cVt, cS
+                return tid, cQ, cKV, cVt, cS
             warp = tid // WARP_SIZE
-            cKV_w, cVt_w = smem.warp_keys(cKV, cVt, cfg, warp)
-            return (tid % WARP_SIZE, cKV_w, cVt_w,
-                    cute.local_tile(cS, (bm, cfg.warp_keys), (0, warp)))
+            slab, group = cfg.warp_place(warp)
+            cQ_w, cKV_w, cVt_w = smem.warp_tiles(cQ, cKV, cVt, cfg, warp)
+            return (tid % WARP_SIZE, cQ_w, cKV_w, cVt_w,
+                    cute.local_tile(cS, (16, cfg.warp_keys), (slab, group)))
 
         tables = {name: [] for name in ("Q", "K", "S", "V", "O", "PV_A", "copy_Q", "copy_KV",
                                         "ldsm_Q", "ldsm_K", "ldsm_V")}
         for tid in range(cfg.num_threads):
-            mma_tid, cK_t, cVt_t, cS_t = mma_view(tid)
+            mma_tid, cQ_t, cK_t, cVt_t, cS_t = mma_view(tid)
             thr = tiled_mma.get_slice(mma_tid)
-            tables["Q"].append(coords(thr.partition_A(cQ)))
+            tables["Q"].append(coords(thr.partition_A(cQ_t)))
             tables["K"].append(coords(thr.partition_B(cK_t)))
             tables["S"].append(coords(thr.partition_C(cS_t)))
             tables["V"].append(coords(thr.partition_B(cVt_t))[:, ::-1])  # (d,key) -> (key,d)
-            tables["O"].append(coords(thr.partition_C(cQ)))
+            tables["O"].append(coords(thr.partition_C(cQ_t)))
             tables["PV_A"].append(coords(thr.partition_A(cS_t)))
             g = g2s.get_slice(tid)
             tables["copy_Q"].append(coords(g.partition_S(cQ)))
             tables["copy_KV"].append(coords(g.partition_S(cKV)))
-            tables["ldsm_Q"].append(coords(s2r["Q"].get_slice(mma_tid).partition_S(cQ)))
+            tables["ldsm_Q"].append(coords(s2r["Q"].get_slice(mma_tid).partition_S(cQ_t)))
             tables["ldsm_K"].append(coords(s2r["K"].get_slice(mma_tid).partition_S(cK_t)))
             tables["ldsm_V"].append(coords(s2r["V"].get_slice(mma_tid).partition_S(cVt_t))
                                     [:, ::-1])
@@ -76,9 +77,9 @@ def _collect(cfg: TileConfig) -> dict:
         # the numpy evaluation of the same partitions against it.
         samples = {}
         for tid in (0, 37 % cfg.num_threads, cfg.num_threads - 1):
-            mma_tid, cK_t, _, cS_t = mma_view(tid)
+            mma_tid, cQ_t, cK_t, _, cS_t = mma_view(tid)
             thr = tiled_mma.get_slice(mma_tid)
-            for name, t in (("Q", thr.partition_A(cQ)), ("K", thr.partition_B(cK_t)),
+            for name, t in (("Q", thr.partition_A(cQ_t)), ("K", thr.partition_B(cK_t)),
                             ("S", thr.partition_C(cS_t)),
                             ("copy_Q", g2s.get_slice(tid).partition_S(cQ)),
                             ("ldsm_K", s2r["K"].get_slice(mma_tid).partition_S(cK_t))):
@@ -86,12 +87,12 @@ def _collect(cfg: TileConfig) -> dict:
         out["dsl_samples"] = samples
 
         dtype = cutlass_dtype(cfg.dtype)
-        wn = cfg.mma_tile.block_n  # the keys one thread's MMAs cover
-        tCrQ = cute.make_rmem_tensor(tiled_mma.partition_shape_A((bm, dp)), dtype)
+        wm, wn = cfg.mma_tile.block_m, cfg.mma_tile.block_n  # what one thread's MMAs cover
+        tCrQ = cute.make_rmem_tensor(tiled_mma.partition_shape_A((wm, dp)), dtype)
         tCrK = cute.make_rmem_tensor(tiled_mma.partition_shape_B((wn, dp)), dtype)
-        tCrS = cute.make_rmem_tensor(tiled_mma.partition_shape_C((bm, wn)), cutlass.Float32)
+        tCrS = cute.make_rmem_tensor(tiled_mma.partition_shape_C((wm, wn)), cutlass.Float32)
         tOrVt = cute.make_rmem_tensor(tiled_mma.partition_shape_B((dp, wn)), dtype)
-        tOrO = cute.make_rmem_tensor(tiled_mma.partition_shape_C((bm, dp)), cutlass.Float32)
+        tOrO = cute.make_rmem_tensor(tiled_mma.partition_shape_C((wm, dp)), cutlass.Float32)
         views = {
             "tCrQ": tCrQ.layout,
             "tCrK": tCrK.layout,
@@ -470,9 +471,18 @@ class FlashLayouts:
                          f"only; {'it reads' if len(idle) == 1 else 'each reads'} all of K and V "
                          f"from shared memory for nothing")
         if self.config.warps_split_keys:
-            wk = self.config.warp_keys
-            lines.append("  each warp for its own keys of every K/V tile: " + ", ".join(
-                f"warp {w} keys {w * wk}..{(w + 1) * wk - 1}" for w in range(self.config.num_warps)))
+            c = self.config
+            places = [(w,) + c.warp_place(w) for w in range(c.num_warps)]
+            if c.row_slabs == 1:
+                lines.append("  each warp for its own keys of every K/V tile: " + ", ".join(
+                    f"warp {w} keys {g * c.warp_keys}..{(g + 1) * c.warp_keys - 1}"
+                    for w, _, g in places))
+            else:
+                lines.append("  each warp for its slab's rows and its own keys of every K/V "
+                             "tile: " + ", ".join(
+                                 f"warp {w} rows {16 * s}..{16 * s + 15} keys "
+                                 f"{g * c.warp_keys}..{(g + 1) * c.warp_keys - 1}"
+                                 for w, s, g in places))
         return "\n".join(lines)
 
     def describe_lane(self, tid: int) -> str:
@@ -512,10 +522,11 @@ class FlashLayouts:
             lines.append(f"  cp.async:      nothing: its cols {fmt_ranges(c for _, c in padded)} "
                          f"lie past head_dim {self.config.head_dim}, so it zero-fills them")
         if self.config.warps_split_keys:
-            wk = self.config.warp_keys
+            c = self.config
+            _, group = c.warp_place(warp)
             lines.append(f"  warp split:    its softmax and O are warp {warp}'s over keys "
-                         f"{warp * wk}..{(warp + 1) * wk - 1} of each tile; the "
-                         f"{self.config.num_warps} warps' O, max and sum are combined in shared "
+                         f"{group * c.warp_keys}..{(group + 1) * c.warp_keys - 1} of each tile; "
+                         f"the {c.key_groups} warps' O, max and sum are combined in shared "
                          f"memory at the end")
         return "\n".join(lines)
 

@@ -152,43 +152,45 @@ def write_outputs_rows(cfg: cutlass.Constexpr, f, sQ: cute.Tensor, mO: cute.Tens
 
 
 def warp_combine_bytes(cfg) -> int:
-    """Shared memory `write_outputs_warp_split` uses: each warp's float32 O (rows padded by 8
-    floats, so that the quads' 8-byte stores hit 32 distinct banks) and its row max and sum."""
-    return 4 * cfg.num_warps * cfg.block_m * (cfg.head_dim_padded + 8 + 2)
+    """Shared memory `write_outputs_warp_split` uses: per key group and tile row, the float32 O
+    of the warp holding it (rows padded by 8 floats, so that the quads' 8-byte stores hit 32
+    distinct banks) and its row max and sum."""
+    return 4 * cfg.key_groups * cfg.block_m * (cfg.head_dim_padded + 8 + 2)
 
 
 @cute.jit
 def write_outputs_warp_split(cfg: cutlass.Constexpr, f, scratch: cute.Tensor, mO: cute.Tensor,
                              mLSE: cute.Tensor, tile, rows: cutlass.Constexpr, seqlen_q,
                              write_lse, tidx, warp):
-    """The epilogue of a tile whose warps split the keys (`TileConfig.warps_split_keys`):
-    every warp holds the online softmax of the same 16 rows over its own keys. Each warp puts
-    its unnormalised O, row max (scaled to log2 units) and row sum into `scratch` (float32
-    smem, `warp_combine_bytes`), then the CTA's threads combine them 8 columns at a time,
-    rescaling each warp's share by exp2(max_w - max), and store O (16-bit, or a split's float32
-    partial) and LSE of each packed row at its (query, head)."""
-    num_warps, bm, dp = cfg.num_warps, cfg.block_m, cfg.head_dim_padded
+    """The epilogue of a tile whose warps split the keys (`TileConfig.warps_split_keys`): the
+    key_groups warps of a 16-row slab hold the online softmax of the same rows, each over its
+    own keys. Each warp puts its unnormalised O, row max (scaled to log2 units) and row sum into
+    `scratch` (float32 smem, `warp_combine_bytes`), then the CTA's threads combine them 8
+    columns at a time, rescaling each warp's share by exp2(max_w - max), and store O (16-bit, or
+    a split's float32 partial) and LSE of each packed row at its (query, head)."""
+    groups, bm, dp = cfg.key_groups, cfg.block_m, cfg.head_dim_padded
     pad = dp + 8
     sO = cute.make_tensor(scratch.iterator,
-                          cute.make_layout((num_warps, bm, pad), stride=(bm * pad, pad, 1)))
-    sMax = cute.make_tensor(scratch.iterator + num_warps * bm * pad,
-                            cute.make_layout((num_warps, bm), stride=(bm, 1)))
-    sSum = cute.make_tensor(scratch.iterator + num_warps * bm * (pad + 1),
-                            cute.make_layout((num_warps, bm), stride=(bm, 1)))
+                          cute.make_layout((groups, bm, pad), stride=(bm * pad, pad, 1)))
+    sMax = cute.make_tensor(scratch.iterator + groups * bm * pad,
+                            cute.make_layout((groups, bm), stride=(bm, 1)))
+    sSum = cute.make_tensor(scratch.iterator + groups * bm * (pad + 1),
+                            cute.make_layout((groups, bm), stride=(bm, 1)))
+    slab, group = cfg.warp_place(warp)
     quad_bits = sum(f.reduce_offsets)
     # every warp is past its last read of the K/V tiles that scratch overlays
     cute.arch.cp_async_wait_group(0)
     cute.arch.barrier()
-    tOcO = f.thr_mma.partition_C(cute.make_identity_tensor((bm, dp)))
+    tOcO = f.thr_mma.partition_C(cute.make_identity_tensor((16, dp)))  # the warp's slab
     tOcO_mn = cute.make_tensor(tOcO.iterator, mma_mod.acc_rowcol_layout(tOcO.layout))
     for r in cutlass.range_constexpr(cute.size(tOcO_mn.shape[0])):
-        row = tOcO_mn[r, 0][0]
+        row = slab * 16 + tOcO_mn[r, 0][0]
         total = f.softmax.quad_total(r)
         if tidx & quad_bits == 0:
-            sMax[warp, row] = f.softmax.row_max[r] * f.softmax.scale_log2
-            sSum[warp, row] = total
+            sMax[group, row] = f.softmax.row_max[r] * f.softmax.scale_log2
+            sSum[group, row] = total
         for c in cutlass.range_constexpr(cute.size(tOcO_mn.shape[1])):
-            sO[warp, row, tOcO_mn[r, c][1]] = f.acc_O_mn[r, c]
+            sO[group, row, tOcO_mn[r, c][1]] = f.acc_O_mn[r, c]
     cute.arch.barrier()
 
     vec = 8
@@ -202,13 +204,13 @@ def write_outputs_warp_split(cfg: cutlass.Constexpr, f, scratch: cute.Tensor, mO
         o_row = tile.m_block * bm + row
         if chunk < bm * chunks_per_row and o_row < n_rows:
             row_max = sMax[0, row]
-            for w in cutlass.range_constexpr(1, num_warps):
+            for w in cutlass.range_constexpr(1, groups):
                 row_max = cute.arch.fmax(row_max, sMax[w, row])
             base = 0.0 if row_max == -cutlass.Float32.inf else row_max
             total = cutlass.Float32(0.0)
             acc = cute.make_rmem_tensor(vec, cutlass.Float32)
             acc.fill(0.0)
-            for w in cutlass.range_constexpr(num_warps):
+            for w in cutlass.range_constexpr(groups):
                 weight = cute.math.exp2(sMax[w, row] - base, fastmath=True)
                 total = total + weight * sSum[w, row]
                 acc.store(acc.load() + cute.local_tile(sO[w, row, None], (vec,),

@@ -101,10 +101,14 @@ class FlashFwdBase:
     def _context(self, thr: ThreadMma, m_block, seqlen: SeqlenInfo, causal_offset,
                  n_block_max, loads, n_block_min=0, n_block_total=None,
                  warp=None) -> RoundContext:
-        """warp: where the warps split the keys, this thread's warp, whose keys start at
-        column warp * warp_keys of every K/V tile."""
+        """warp: where the warps split the keys, this thread's warp, whose rows start at row
+        slab * 16 of the tile and whose keys at column group * warp_keys of every K/V tile
+        (`TileConfig.warp_place`)."""
         query0 = m_block * self.cfg.block_m + thr.row0
-        col0 = thr.col0 if warp is None else thr.col0 + warp * self.cfg.warp_keys
+        col0 = thr.col0
+        if warp is not None:
+            slab, group = self.cfg.warp_place(warp)
+            query0, col0 = query0 + slab * 16, col0 + group * self.cfg.warp_keys
         return RoundContext(thr, MaskCoords(thr.row_offsets, thr.col_offsets, query0, col0),
                             seqlen, causal_offset, n_block_max, loads, n_block_min,
                             n_block_total)

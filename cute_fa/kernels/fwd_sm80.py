@@ -32,9 +32,10 @@ shifted base row's), a paged K/V cache (K, V (pages, page_size, Hk, D) and a pag
 copied row is shifted from page 0 to its page), per-entry key counts (seqused_k), split-KV (a
 range of key blocks per CTA, float32 partial O and LSE into (split x batch)-indexed outputs for
 `kernels/merge.py`), a ring of K/V stages that loads whole rounds ahead, and a tile whose warps
-split each K/V tile's keys instead of the rows (`TileConfig.warps_split_keys`: 16 packed rows,
-every warp's MMAs, mask and online softmax over its own slice of the keys, `smem.warp_keys`,
-the warps' O, max and sum combined in shared memory by `epilogue.write_outputs_warp_split`).
+split each K/V tile's keys as well as the rows (`TileConfig.warps_split_keys`: 16 or 32 packed
+rows, each warp's MMAs, mask and online softmax over its slab's 16 rows and its own slice of the
+keys, `smem.warp_tiles`, the warps' O, max and sum combined in shared memory by
+`epilogue.write_outputs_warp_split`).
 """
 
 from __future__ import annotations
@@ -196,21 +197,21 @@ class FlashFwdSm80(FlashFwdBase):
 
         # the MMAs' share of each K/V tile: all of it, or where the warps split the keys this
         # warp's slice of it (then the MMA state is one warp's, indexed by the lane)
-        warp, mma_tidx, sK_mma, sVt_mma = None, tidx, sK, sVt
+        warp, mma_tidx, sQ_mma, sK_mma, sVt_mma = None, tidx, sQ, sK, sVt
         if cutlass.const_expr(cfg.warps_split_keys):
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             mma_tidx = tidx % cute.arch.WARP_SIZE
-            sK_mma, sVt_mma = smem.warp_keys(sK, sVt, cfg, warp, self.kv_stages)
+            sQ_mma, sK_mma, sVt_mma = smem.warp_tiles(sQ, sK, sVt, cfg, warp, self.kv_stages)
         if cutlass.const_expr(self.kv_stages == 0):
-            thr = thread_mma(self.mma_cfg, mma_tidx, sQ, sK_mma, sVt_mma, sK_mma, sVt_mma,
+            thr = thread_mma(self.mma_cfg, mma_tidx, sQ_mma, sK_mma, sVt_mma, sK_mma, sVt_mma,
                              scale_log2)
             if n_block_max > n_block_min:
                 self._load_kv(loads, loads.tKgK, loads.tKsK, n_block_max - 1, seqlen.seqlen_k,
                               True)
             cute.arch.cp_async_commit_group()
         else:
-            thr = thread_mma(self.mma_cfg, mma_tidx, sQ, sK_mma, sVt_mma, sK_mma[None, None, 0],
-                             sVt_mma[None, None, 0], scale_log2)
+            thr = thread_mma(self.mma_cfg, mma_tidx, sQ_mma, sK_mma, sVt_mma,
+                             sK_mma[None, None, 0], sVt_mma[None, None, 0], scale_log2)
             # the ring's first stages: one cp.async group per stage, empty past the last block,
             # so that round i always waits for the i-th group
             for stage in cutlass.range_constexpr(self.kv_stages):

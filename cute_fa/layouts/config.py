@@ -56,9 +56,12 @@ class TileConfig:
     block_n:     key/value rows per round (Bc, kBlockN).
     num_threads: threads per CTA, a multiple of 32.
     dtype:       'float16' or 'bfloat16' (anything `canonical_dtype` accepts).
-    warps_split_keys: the warps split each K/V tile's keys instead of the query rows (decode:
-                 a tile of one 16-row slab, block_n / num_warps keys per warp, the warps'
-                 partial softmax results combined at the end); `mma_tile` is one warp's tile.
+    warps_split_keys: the warps split each K/V tile's keys as well as the query rows (decode:
+                 fewer rows than warps x 16): block_m / 16 slabs of 16 rows (`row_slabs`),
+                 each shared by num_warps / row_slabs warps (`key_groups`), warp w taking slab
+                 w // key_groups and keys (w % key_groups) * warp_keys ... of every K/V tile;
+                 the warps' partial softmax results are combined at the end. `mma_tile` is
+                 one warp's tile.
     """
 
     head_dim: int = 64
@@ -81,13 +84,15 @@ class TileConfig:
         if not isinstance(self.warps_split_keys, bool):
             raise TypeError(f"warps_split_keys must be a bool, got {self.warps_split_keys!r}")
         if self.warps_split_keys:
-            keys = 16 * self.num_warps
-            if bm != MMA_M:
-                raise ValueError(f"block_m must be {MMA_M} when the warps split the keys (one "
-                                 f"16-row MMA slab shared by every warp), got {bm}")
+            if bm <= 0 or bm % MMA_M or self.num_warps % (bm // MMA_M) or bm == rows_per_mma_tile:
+                raise ValueError(f"block_m must be 16 times a proper divisor of num_warps = "
+                                 f"{self.num_warps} when the warps split the keys (each 16-row "
+                                 f"slab shared by the same number of warps), got {bm}")
+            keys = 16 * self.key_groups
             if _require_int("block_n", self.block_n) % keys:
-                raise ValueError(f"block_n must be a multiple of 16 * num_warps = {keys} when "
-                                 f"the warps split the keys, got {self.block_n}")
+                raise ValueError(f"block_n must be a multiple of 16 * {self.key_groups} warps "
+                                 f"per slab = {keys} when the warps split the keys, got "
+                                 f"{self.block_n}")
         elif bm <= 0 or bm % rows_per_mma_tile:
             raise ValueError(
                 f"block_m must be a positive multiple of 16 * num_warps = {rows_per_mma_tile} "
@@ -114,13 +119,28 @@ class TileConfig:
         return self.num_threads // WARP_SIZE
 
     @property
+    def row_slabs(self) -> int:
+        """16-row slabs of the tile, each held by key_groups warps."""
+        return self.block_m // MMA_M if self.warps_split_keys else self.num_warps
+
+    @property
+    def key_groups(self) -> int:
+        """Warps that share one 16-row slab, each over its own keys (1: a warp sweeps them all)."""
+        return self.num_warps // (self.block_m // MMA_M) if self.warps_split_keys else 1
+
+    def warp_place(self, warp):
+        """(slab, key group) of warp `warp`: its rows are slab * 16 ..., its keys key group *
+        warp_keys ... of every K/V tile. Plain arithmetic: works on a kernel's warp index too."""
+        return warp // self.key_groups, warp % self.key_groups
+
+    @property
     def mma_tile(self) -> "TileConfig":
         """The tile the TiledMMA covers: the CTA's, or with warps_split_keys one warp's (16
-        rows, block_n / num_warps keys, 32 threads)."""
+        rows, warp_keys keys, 32 threads)."""
         if not self.warps_split_keys:
             return self
-        return TileConfig(head_dim=self.head_dim, block_m=self.block_m,
-                          block_n=self.block_n // self.num_warps, num_threads=WARP_SIZE,
+        return TileConfig(head_dim=self.head_dim, block_m=MMA_M,
+                          block_n=self.block_n // self.key_groups, num_threads=WARP_SIZE,
                           dtype=self.dtype)
 
     @property

@@ -48,16 +48,19 @@ def transposed_v(sV, cfg: TileConfig, stages: int = 0):
     return cute.composition(sV, cute.make_layout((dp, bn, stages), stride=(bn, 1, bn * dp)))
 
 
-def warp_keys(sK, sVt, cfg: TileConfig, warp, stages: int = 0):
-    """With `cfg.warps_split_keys`: warp `warp`'s keys of the K tile sK(key, d[, stage]) and of
-    sVt(d, key[, stage]), rows (columns) warp * warp_keys ... + warp_keys - 1. A slice of whole
-    8-row swizzle atoms, so the swizzle of every row it holds is the tile's."""
+def warp_tiles(sQ, sK, sVt, cfg: TileConfig, warp, stages: int = 0):
+    """With `cfg.warps_split_keys`: what warp `warp` reads (`TileConfig.warp_place`): its slab's
+    16 rows of the Q tile sQ(row, d), and its keys of the K tile sK(key, d[, stage]) and of
+    sVt(d, key[, stage]), rows (columns) group * warp_keys ... + warp_keys - 1. Slices of whole
+    8-row swizzle atoms, so every row keeps the tile's swizzle."""
+    slab, group = cfg.warp_place(warp)
     wk, dp = cfg.warp_keys, cfg.head_dim_padded
+    sQ_w = cute.local_tile(sQ, (16, dp), (slab, 0))
     if not stages:
-        return (cute.local_tile(sK, (wk, dp), (warp, 0)),
-                cute.local_tile(sVt, (dp, wk), (0, warp)))
-    return (cute.local_tile(sK, (wk, dp, stages), (warp, 0, 0)),
-            cute.local_tile(sVt, (dp, wk, stages), (0, warp, 0)))
+        return (sQ_w, cute.local_tile(sK, (wk, dp), (group, 0)),
+                cute.local_tile(sVt, (dp, wk), (0, group)))
+    return (sQ_w, cute.local_tile(sK, (wk, dp, stages), (group, 0, 0)),
+            cute.local_tile(sVt, (dp, wk, stages), (0, group, 0)))
 
 
 def smem_layout(cfg: TileConfig, tensor: str):

@@ -6,19 +6,19 @@ from cute_fa.compiler import memory_cache
 from cute_fa.bench import _DecodeTimer
 
 SHAPES = [(64, 2048, 64, 8, 128, 4), (8, 8192, 64, 8, 128, 4), (1, 32768, 64, 8, 128, 4), (32, 32768, 64, 8, 64, 4),
-          (4, 8192, 64, 8, 64, 4), (1, 8192, 64, 8, 128, 4), (8, 32768, 32, 8, 128, 8), (2, 8192, 32, 8, 128, 16)]
+          (4, 8192, 64, 8, 64, 4), (1, 8192, 64, 8, 128, 4), (8, 32768, 32, 8, 128, 8), (64, 8192, 64, 8, 128, 4)]
 import cute_fa.interface as iface
 REAL_OCC = iface.decode_ctas_per_sm
 VARIANTS = {
     "new": dict(),
-    "rows32": dict(rows=32),
-    "rows64": dict(rows=64),
+    "rows64": dict(only16=True),
 }
-DEFAULT = dict(rows=16)
+FULL = {k: list(v) for k, v in tuning.DECODE_WARP_SPLIT_TILES.items()}
 
 def apply(name):
-    v = dict(DEFAULT, **VARIANTS[name])
-    tuning.WARP_SPLIT_MAX_ROWS = iface.WARP_SPLIT_MAX_ROWS = v["rows"]
+    v = VARIANTS[name]
+    for k, tiles in FULL.items():
+        tuning.DECODE_WARP_SPLIT_TILES[k] = [t for t in tiles if t[0] == 16] if v.get("only16") else list(tiles)
     tuning.num_splits_heuristic.cache_clear()
     memory_cache.clear()
 
