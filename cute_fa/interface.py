@@ -350,11 +350,12 @@ def _decode_plan(device_index, q, k, causal, seqused_k, page_table, num_splits) 
     # SM holds: a warm call costs a dict lookup and the (cached) split count
     held = memory_cache.get(request)
     if held is None:
-        held = memory_cache[request] = [decode_key(
+        key = decode_key(
             _arch(device_index), _DTYPE_NAMES[q.dtype], head_dim, causal, seqlen_q=seqlen_q,
             group=heads_q // heads_kv, page_size=page_size, seqused_k=seqused_k is not None,
-            split_kv=False, tile_arch=forced_tile_arch()), None, None, None]
-        held[3] = decode_ctas_per_sm(held[0], forced_tile_arch() or _arch(device_index))
+            split_kv=False, tile_arch=forced_tile_arch())
+        held = memory_cache[request] = [
+            key, None, None, decode_ctas_per_sm(key, forced_tile_arch() or _arch(device_index))]
     base = held[0]
     if num_splits is None:
         if seqlen_q > DECODE_MAX_SEQLEN_Q:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..layouts.config import WARP_SIZE
+from .introspect import fmt_ranges
 
 _OPERANDS = {
     # name: (table, shape(config) -> (rows, cols), axis labels)
@@ -189,13 +190,13 @@ def packed_rows_map(layouts, group: int, seqlen_q: int = 1, ax=None):
     for tid in range(cfg.num_threads):
         for query, key in layouts.s_coords(tid):
             if table[query]["query"] is not None:
-                colours[query, key] = tid // 32
+                colours[query, key] = tid // WARP_SIZE
     cmap = matplotlib.colormaps["tab10"].with_extremes(bad="0.88")  # padding rows grey
     ax.imshow(np.ma.masked_invalid(colours), cmap=cmap, vmin=0, vmax=9,
               interpolation="nearest", aspect="auto")
     for r in table:
         if r["query"] is None:
-            label = f"padding (warp {_join(r['warps'])})"
+            label = f"padding (warp {fmt_ranges(r['warps'])})"
         elif len(r["warps"]) == 1:
             label = f"q{r['query']} h0+{r['head']}  T{r['threads'][0]}..{r['threads'][-1]}"
         else:
@@ -207,7 +208,3 @@ def packed_rows_map(layouts, group: int, seqlen_q: int = 1, ax=None):
     ax.set_title(f"group {group}, Sq {seqlen_q}: {useful} of {len(table)} rows useful\n"
                  f"(colour = warp holding S[row, key])", fontsize=8)
     return ax
-
-
-def _join(values) -> str:
-    return ", ".join(str(v) for v in values)

@@ -28,7 +28,7 @@ def _collect(cfg: TileConfig) -> dict:
     def read_all():
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         # the MMA side is the kernels': the CTA's TiledMMA, or where the warps split the keys
-        # one warp's, indexed by the lane, over that warp's keys (`smem.warp_keys`)
+        # one warp's, indexed by the lane, over that warp's slab and keys (`smem.warp_tiles`)
         tiled_mma = mma_mod.tiled_mma(cfg.mma_tile)
         g2s = copies.gmem_tiled_copy_qkv(cfg)
         s2r = {
@@ -472,17 +472,16 @@ class FlashLayouts:
                          f"from shared memory for nothing")
         if self.config.warps_split_keys:
             c = self.config
-            places = [(w,) + c.warp_place(w) for w in range(c.num_warps)]
-            if c.row_slabs == 1:
-                lines.append("  each warp for its own keys of every K/V tile: " + ", ".join(
-                    f"warp {w} keys {g * c.warp_keys}..{(g + 1) * c.warp_keys - 1}"
-                    for w, _, g in places))
-            else:
-                lines.append("  each warp for its slab's rows and its own keys of every K/V "
-                             "tile: " + ", ".join(
-                                 f"warp {w} rows {16 * s}..{16 * s + 15} keys "
-                                 f"{g * c.warp_keys}..{(g + 1) * c.warp_keys - 1}"
-                                 for w, s, g in places))
+            slabs = c.row_slabs > 1  # name each warp's rows only where they differ
+
+            def place(w):
+                s, g = c.warp_place(w)
+                rows = f" rows {16 * s}..{16 * s + 15}" if slabs else ""
+                return f"warp {w}{rows} keys {g * c.warp_keys}..{(g + 1) * c.warp_keys - 1}"
+
+            whose = "its slab's rows and its own keys" if slabs else "its own keys"
+            lines.append(f"  each warp for {whose} of every K/V tile: "
+                         + ", ".join(place(w) for w in range(c.num_warps)))
         return "\n".join(lines)
 
     def describe_lane(self, tid: int) -> str:

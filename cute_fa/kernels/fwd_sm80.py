@@ -91,11 +91,12 @@ class FlashFwdSm80(FlashFwdBase):
     def __init__(self, key):
         super().__init__(key)
         self.kv_stages = key.kv_stages
-        if self.cfg.warps_split_keys and (epilogue.warp_combine_bytes(self.cfg)
-                                          > self.cfg.smem_bytes(max(self.kv_stages, 1))):
-            raise ValueError(f"the warps' combine needs {epilogue.warp_combine_bytes(self.cfg)} "
-                             f"bytes of shared memory, more than this tile's Q and K/V tiles "
-                             f"({self.cfg.smem_bytes(max(self.kv_stages, 1))}): {self.cfg}")
+        if self.cfg.warps_split_keys:
+            needed = epilogue.warp_combine_bytes(self.cfg)
+            held = self.cfg.smem_bytes(max(self.kv_stages, 1))
+            if needed > held:
+                raise ValueError(f"the warps' combine needs {needed} bytes of shared memory, "
+                                 f"more than this tile's Q and K/V tiles ({held}): {self.cfg}")
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,

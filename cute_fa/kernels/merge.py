@@ -21,11 +21,11 @@ import cutlass
 import cutlass.cute as cute
 
 from ..layouts._types import cutlass_dtype
+from .softmax import LOG2_E
 
 THREADS = 128
 VEC = 4
 UNROLL = 8
-LOG2_E = math.log2(math.e)
 
 
 class MergeAttention:
