@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # what the lazy attributes below resolve to, for type checkers
     from . import kernels, layouts, reference
     from ._precompile import precompile
-    from .interface import forward, merge_attention, sdpa
+    from .interface import forward, forward_varlen, merge_attention, sdpa
 
 __version__ = "0.1.0"
-__all__ = ["forward", "sdpa", "merge_attention", "precompile", "layouts", "reference", "__version__"]
+__all__ = ["forward", "forward_varlen", "sdpa", "merge_attention", "precompile", "layouts",
+           "reference", "__version__"]
 
-_LAZY = {"forward": "interface", "sdpa": "interface", "merge_attention": "interface", "precompile": "_precompile"}
+_LAZY = {"forward": "interface", "forward_varlen": "interface", "sdpa": "interface",
+         "merge_attention": "interface", "precompile": "_precompile"}
 _SUBMODULES = ("layouts", "reference", "kernels")
 
 

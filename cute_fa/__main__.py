@@ -124,7 +124,7 @@ def _cmd_precompile(args) -> int:
             raise _UsageError(f"--{name.replace('_', '-')} must be comma-separated ints, "
                               f"got {text!r}") from None
     keys = precompile(head_dims=head_dims, dtypes=dtypes, arch=arch, backend=args.backend,
-                      **ints)
+                      varlen=args.varlen, windows=args.windows, softcap=args.softcap, **ints)
     print(f"{len(keys)} kernels compiled or found in the cache")
     return 0
 
@@ -135,6 +135,11 @@ def _cmd_bench(args) -> int:
         from .bench import decode_main
 
         decode_main(args.out, quick=args.quick)
+        return 0
+    if args.prefill:
+        from .bench_prefill import prefill_main
+
+        prefill_main(args.out)
         return 0
     from .bench import main as bench_main
 
@@ -190,16 +195,24 @@ def _parser() -> argparse.ArgumentParser:
     p_pre.add_argument("--page-sizes", default="",
                        help="with --decode-groups: comma-separated page sizes of a paged KV "
                             "cache, e.g. 64,256")
+    for flag, what in (("--varlen", "forward_varlen's kernels (ragged batches)"),
+                       ("--windows", "the kernels of sliding windows (window_size)"),
+                       ("--softcap", "the kernels of a softcap")):
+        p_pre.add_argument(flag, action="store_true", help=f"also {what}")
     p_bench = command("bench", "benchmark against torch SDPA and flash-attn-4 (GPU)")
     p_bench.add_argument("--out", default="docs/perf/latest",
                          help="directory for results.json, results.md and results.png "
-                              "(with --decode: decode.json, decode.md and decode.png)")
+                              "(with --decode: decode.json, decode.md and decode.png; with "
+                              "--prefill: prefill.json, prefill.md and prefill.png)")
     p_bench.add_argument("--quick", action="store_true",
                          help="two sequence lengths only (with --decode: 8 shapes of one "
                               "head configuration)")
     p_bench.add_argument("--decode", action="store_true",
                          help="the decode benchmark instead (Sq 1 and 4 against KV caches of "
                               "2k-128k keys, dense and paged)")
+    p_bench.add_argument("--prefill", action="store_true",
+                         help="the prefill benchmark of real clients' shapes instead (small "
+                              "batches, a ragged batch, a sliding window, an HF model)")
     return parser
 
 

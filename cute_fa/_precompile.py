@@ -44,7 +44,8 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
                causal: bool | Iterable[bool] = (False, True),
                arch: str | None = None, backend: str = "auto",
                decode_groups: int | Iterable[int] = (),
-               page_sizes: int | Iterable[int] = ()) -> list:
+               page_sizes: int | Iterable[int] = (), *, varlen: bool = False,
+               windows: bool = False, softcap: bool = False) -> list:
     """Compile every (head_dim, dtype, causal) combination for `arch` (default: this GPU's,
     e.g. 'sm_90a'; needed where there is no GPU) and `backend` ('auto' compiles what
     `forward` would pick). Each of head_dims, dtypes and causal is one value or a sequence;
@@ -54,6 +55,11 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
     the decode kernels `forward` runs for at most 16 queries per sequence with that GQA ratio:
     with and without split-KV, with and without seqused_k, on a dense cache and on a paged
     one of each of page_sizes, and the merge of split-KV's partials.
+
+    varlen, windows, softcap add the kernels of calls with those features, alone and together:
+    `forward_varlen` (ragged batches; with page_sizes, also against a paged cache), a
+    `window_size` with a bounded left side or a right side past the diagonal, a softcap (for
+    the decode kernels too, with decode_groups).
 
     Every argument is checked before anything compiles. Returns the kernel keys."""
     import torch
@@ -67,6 +73,9 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
         if not isinstance(c, bool):
             raise TypeError(f"causal must be a bool or a sequence of bools, got {c!r}")
     check_backend(backend)
+    for name, flag in (("varlen", varlen), ("windows", windows), ("softcap", softcap)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
     decode_groups = () if decode_groups == () else tuple(
         _positive_int("decode_groups", g)
         for g in _as_tuple("decode_groups", decode_groups, (int,), "an int"))
@@ -86,19 +95,33 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
         arch = _arch(torch.cuda.current_device())
     else:
         arch = Arch.parse(arch).name
-    keys = [kernel_key(arch, dtype, head_dim, is_causal, backend)
-            for head_dim, dtype, is_causal in itertools.product(head_dims, dtypes, causal)]
+    # (local, softcap, varlen) of the prefill kernels, (local, softcap) of the decode ones
+    features = [f for f in itertools.product(*((False, True) if on else (False,)
+                                                for on in (windows, softcap, varlen)))]
+    keys = [kernel_key(arch, dtype, head_dim, is_causal, backend, local=local, softcap=cap,
+                       varlen=ragged)
+            for head_dim, dtype, is_causal, (local, cap, ragged) in itertools.product(
+                head_dims, dtypes, causal, features)]
     # every decode tile a call of 1..DECODE_MAX_SEQLEN_Q queries can take: one query length per
     # class of packed rows (queries x group; tuning.decode_rows_class)
-    for head_dim, dtype, is_causal, group, page_size, seqused_k, split_kv in itertools.product(
-            head_dims, dtypes, causal, decode_groups, (0,) + page_sizes, (False, True),
-            (False, True)):
+    decode_features = sorted({(local, cap) for local, cap, _ in features})
+    for head_dim, dtype, is_causal, group, page_size, seqused_k, split_kv, (local, cap) in \
+            itertools.product(head_dims, dtypes, causal, decode_groups, (0,) + page_sizes,
+                              (False, True), (False, True), decode_features):
         lengths = {decode_rows_class(head_dim, n * group): n
                    for n in range(DECODE_MAX_SEQLEN_Q, 0, -1)}
         for seqlen_q in sorted(lengths.values()):
             keys.append(decode_key(arch, dtype, head_dim, is_causal, seqlen_q=seqlen_q,
                                    group=group, page_size=page_size, seqused_k=seqused_k,
-                                   split_kv=split_kv))
+                                   split_kv=split_kv, local=local, softcap=cap))
+    if varlen:  # forward_varlen against a paged cache (queries ragged, keys in pages)
+        for head_dim, dtype, is_causal, page_size, seqused_k, (local, cap) in \
+                itertools.product(head_dims, dtypes, causal, page_sizes, (False, True),
+                                  decode_features):
+            keys.append(decode_key(arch, dtype, head_dim, is_causal,
+                                   seqlen_q=DECODE_MAX_SEQLEN_Q + 1, group=1,
+                                   page_size=page_size, seqused_k=seqused_k, split_kv=False,
+                                   local=local, softcap=cap, varlen_q=True))
     if decode_groups:
         keys += [MergeKey(arch, head_dim, "float32", dtype)
                  for head_dim, dtype in itertools.product(head_dims, dtypes)]

@@ -21,12 +21,21 @@ from .layouts import TileConfig
 class KernelKey:
     """What one compiled forward kernel depends on. ctas_per_sm > 0 caps the registers so
     that this many CTAs fit one SM's register file (ptxas's .minnctapersm); 0 leaves the
-    count to ptxas."""
+    count to ptxas. causal: the keys have an upper edge (causal_offset, plus window_right
+    where local); local: a sliding window's lower edge (window_left); softcap: scores pass
+    through softcap * tanh(. / softcap); varlen_q / varlen_k: Q (and O, LSE) / K and V are
+    ragged batches packed end to end, entry b's rows starting at cu_seqlens[b]; lpt: causal
+    query blocks start longest first across heads (`kernels.work.SingleTileScheduler`)."""
 
     arch: str
     causal: bool
     tile: TileConfig
     ctas_per_sm: int = 0
+    lpt: bool = False
+    local: bool = False
+    softcap: bool = False
+    varlen_q: bool = False
+    varlen_k: bool = False
     backend: ClassVar[str] = ""
 
 
@@ -50,6 +59,8 @@ class Sm80Key(KernelKey):
             raise ValueError(f"kv_stages must be 0 or at least 2, got {self.kv_stages}")
         if self.pack_gqa < 1:
             raise ValueError(f"pack_gqa must be at least 1, got {self.pack_gqa}")
+        if self.lpt and (self.pack_gqa > 1 or self.split_kv):
+            raise ValueError("lpt orders unpacked, unsplit query blocks only")
         if self.page_size < 0 or self.page_size % 16:
             raise ValueError(f"page_size must be 0 or a positive multiple of 16, "
                              f"got {self.page_size}")
@@ -98,19 +109,23 @@ class Backend:
 
 # (name, kind) of every forward kernel's arguments, in order. "qkvo": a (batch, seqlen, heads,
 # head_dim) tensor with dynamic extents, 16-byte aligned strides and a unit last stride (a
-# paged K/V cache: (pages, page_size, heads, head_dim)); "out": the same in the input dtype, or
-# float32 for split-KV partials; "lse": float32 (batch, heads, seqlen); then scalars. The
-# launch adds the stream.
+# paged K/V cache: (pages, page_size, heads, head_dim); a ragged batch: (1, total, heads,
+# head_dim)); "out": the same in the input dtype, or float32 for split-KV partials; "lse":
+# float32 (batch, heads, seqlen), ragged (1, heads, total); then scalars: the window's sides,
+# the softcap; the ragged batch's cu_seqlens int32 (batch + 1,) and longest query; the
+# cp.async kernel's decode arguments: seqused_k int32 (batch,), page_table int32 (batch,
+# pages per sequence) and the split count. An argument the key does not ask for gets a
+# placeholder and never reaches the device. The launch adds the stream.
 ARGUMENTS = (("q", "qkvo"), ("k", "qkvo"), ("v", "qkvo"), ("out", "out"), ("lse", "lse"),
-             ("softmax_scale", "float32"), ("causal_offset", "int32"), ("write_lse", "int32"))
-# the cp.async kernel's decode arguments: seqused_k int32 (batch,), page_table int32 (batch,
-# pages per sequence), and the split count; placeholders where its key does not use them
-DECODE_ARGUMENTS = ARGUMENTS + (("seqused_k", "int32_vector"), ("page_table", "int32_matrix"),
-                                ("num_splits", "int32"))
+             ("softmax_scale", "float32"), ("causal_offset", "int32"), ("write_lse", "int32"),
+             ("window_left", "int32"), ("window_right", "int32"), ("softcap", "float32"),
+             ("cu_seqlens_q", "int32_vector"), ("cu_seqlens_k", "int32_vector"),
+             ("max_seqlen_q", "int32"), ("seqused_k", "int32_vector"),
+             ("page_table", "int32_matrix"), ("num_splits", "int32"))
 
 REGISTRY = {b.name: b for b in (
     Backend("sm80", "cp.async + ldmatrix + mma.sync, any GPU from sm80 on", "fwd_sm80",
-            "FlashFwdSm80", Sm80Key, 8, DECODE_ARGUMENTS),
+            "FlashFwdSm80", Sm80Key, 8, ARGUMENTS),
     Backend("tma", "TMA + mbarrier K/V ring + ldmatrix + mma.sync, sm90 and newer", "fwd_tma",
             "FlashFwdTma", TmaKey, 9, ARGUMENTS),
 )}

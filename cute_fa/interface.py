@@ -1,4 +1,5 @@
-"""The public entry points: `forward` (flash-attn's layout) and `sdpa` (torch SDPA's layout).
+"""The public entry points: `forward` (flash-attn's layout), `forward_varlen` (a ragged batch
+packed end to end, flash-attn's varlen layout) and `sdpa` (torch SDPA's layout).
 
 Everything here is host code: argument checks (all of them before any launch,
 so a bad call never touches `out`), kernel choice and the launch.
@@ -28,21 +29,22 @@ _DTYPES = (torch.float16, torch.bfloat16)
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-def _check_tensor(name: str, t, layout: str = "(batch, seqlen, heads, head_dim)") -> None:
+def _check_tensor(name: str, t, layout: str = "(batch, seqlen, heads, head_dim)",
+                  rank: int = 4) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _DTYPES:
         raise TypeError(f"{name} must be float16 or bfloat16, got {t.dtype}")
-    if t.dim() != 4:
-        raise ValueError(f"{name} must be 4-D {layout}, got shape {tuple(t.shape)}")
+    if t.dim() != rank:
+        raise ValueError(f"{name} must be {rank}-D {layout}, got shape {tuple(t.shape)}")
 
 
 def _check_layout(name: str, t, names=None) -> None:
-    s0, s1, s2, s3 = t.stride()
-    if s3 != 1:
+    *outer, last = t.stride()
+    if last != 1:
         raise ValueError(f"{name} must have a contiguous last dimension (stride 1), "
                          f"got strides {_shown(t.stride(), names or {})}")
-    if s0 % 8 or s1 % 8 or s2 % 8:
+    if any(s % 8 for s in outer):
         raise ValueError(f"{name} strides must be multiples of 8 elements (16 bytes), "
                          f"got {_shown(t.stride(), names or {})}")
     if t.data_ptr() % 16:
@@ -83,6 +85,51 @@ def _as_scale(name: str, value) -> float | None:
     return float(value)
 
 
+NO_WINDOW = (-1, -1)
+# the lower edge of a window with an unbounded left side that still has a lower-edge kernel
+# (its right side is bounded): further left than any key of any sequence
+_FAR_LEFT = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreFeatures:
+    """What a call asks of the scores besides the scale: causal (an upper edge, moved right by
+    window_right), a sliding window's lower edge (local, window_left keys left of the
+    diagonal) and a softcap (0: none). `causal` and `local` are kernel key fields; the rest
+    are kernel arguments."""
+
+    causal: bool
+    local: bool = False
+    window_left: int = 0
+    window_right: int = 0
+    softcap: float = 0.0
+
+
+def _score_features(causal: bool, window_size, softcap) -> ScoreFeatures:
+    """window_size = (left, right) in flash-attn's sense: query i sees keys i + Sk - Sq - left
+    ... i + Sk - Sq + right, -1 for an unbounded side. causal and a window both apply: the
+    keys a query sees are those of the window up to the diagonal (right side 0), as in
+    flash-attn."""
+    if window_size is NO_WINDOW and softcap == 0.0:
+        return ScoreFeatures(causal)
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or any(
+            isinstance(w, bool) or not isinstance(w, numbers.Integral) for w in window_size):
+        raise TypeError(f"window_size must be a pair of ints (left, right), -1 for an unbounded "
+                        f"side, got {window_size!r}")
+    left, right = (int(w) for w in window_size)
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size sides must be -1 (unbounded) or >= 0, got {(left, right)}")
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or \
+            not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap must be a finite float >= 0 (0: none), got {softcap!r}")
+    if causal:
+        right = 0
+    local = left >= 0 or right > 0
+    return ScoreFeatures(causal=causal or right >= 0, local=local,
+                         window_left=left if left >= 0 else _FAR_LEFT,
+                         window_right=max(right, 0), softcap=float(softcap))
+
+
 _FORWARD_NAMES = {"causal": "causal", "softmax_scale": "softmax_scale"}
 # sdpa's tensors reach the checks transposed to (B, S, H, D); its errors show them as written
 _SDPA_NAMES = {"causal": "is_causal", "softmax_scale": "scale", "bhsd": True}
@@ -91,16 +138,18 @@ _SDPA_NAMES = {"causal": "is_causal", "softmax_scale": "scale", "bhsd": True}
 def _shown(dims, names) -> tuple:
     """A (B, S, H, D)-ordered shape or stride as the caller wrote it (sdpa: (B, H, S, D))."""
     dims = tuple(dims)
-    return (dims[0], dims[2], dims[1], dims[3]) if names.get("bhsd") else dims
+    return (dims[0], dims[2], dims[1], dims[3]) if names.get("bhsd") and len(dims) == 4 \
+        else dims
 
 
 def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=_FORWARD_NAMES,
-                seqused_k=None, page_table=None, num_splits=None):
+                seqused_k=None, page_table=None, num_splits=None, window_size=NO_WINDOW,
+                softcap=0.0):
     """Every rule of a valid call, in the order a user fixes them: types, shapes, values,
-    then where the tensors live. Returns (device index, causal, softmax_scale, return_lse,
-    num_splits) with the flags as Python bools, the scale as a float or None and num_splits
-    an int or None. With a page_table, k and v are a paged cache (num_pages, page_size,
-    heads_kv, head_dim)."""
+    then where the tensors live. Returns (device index, ScoreFeatures, softmax_scale,
+    return_lse, num_splits) with return_lse a Python bool, the scale a float or None and
+    num_splits an int or None. With a page_table, k and v are a paged cache (num_pages,
+    page_size, heads_kv, head_dim)."""
     paged = page_table is not None
     kv_layout = "(num_pages, page_size, heads_kv, head_dim)" if paged else \
         "(batch, seqlen, heads, head_dim)"
@@ -112,6 +161,7 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=
     causal = _as_bool(names["causal"], causal)
     return_lse = _as_bool("return_lse", return_lse)
     softmax_scale = _as_scale(names["softmax_scale"], softmax_scale)
+    features = _score_features(causal, window_size, softcap)
     check_backend(backend)
     batch, seqlen_q, heads_q, head_dim = q.shape
     _, seqlen_k, heads_k, _ = k.shape
@@ -154,7 +204,7 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=
     if (seqused_k is not None or paged) and \
             os.environ.get("CUTE_FA_CHECK_INDICES", "") not in ("", "0"):
         _check_index_values(k, seqused_k, page_table)
-    return device_index, causal, softmax_scale, return_lse, num_splits
+    return device_index, features, softmax_scale, return_lse, num_splits
 
 
 def _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse, backend) -> bool:
@@ -236,18 +286,20 @@ def _placeholders(device_index: int) -> tuple:
     return held
 
 
-def _kernel_for(device_index: int, dtype, head_dim: int, causal: bool, backend: str,
-                lazy_rescale: bool = True):
-    """(compiled kernel, its backend's name) for a call without decode arguments."""
+def _kernel_for(device_index: int, dtype, head_dim: int, features: ScoreFeatures, backend: str,
+                lazy_rescale: bool = True, varlen: bool = False):
+    """The compiled kernel for a call without decode arguments."""
     tile_arch = forced_tile_arch()
     # what a call asks for, as the in-memory cache's second index (no key to build per call)
-    request = (device_index, dtype, head_dim, causal, backend, lazy_rescale, tile_arch)
-    held = memory_cache.get(request)
-    if held is None:
-        key = kernel_key(_arch(device_index), _DTYPE_NAMES[dtype], head_dim, causal, backend,
-                         lazy_rescale, tile_arch)
-        held = memory_cache[request] = (get_kernel(key), key.backend)
-    return held
+    request = (device_index, dtype, head_dim, features.causal, features.local,
+               features.softcap > 0, varlen, backend, lazy_rescale, tile_arch)
+    kernel = memory_cache.get(request)
+    if kernel is None:
+        key = kernel_key(_arch(device_index), _DTYPE_NAMES[dtype], head_dim, features.causal,
+                         backend, lazy_rescale, tile_arch, local=features.local,
+                         softcap=features.softcap > 0, varlen=varlen)
+        kernel = memory_cache[request] = get_kernel(key)
+    return kernel
 
 
 def _check_decode_args(q, seqused_k, page_table, num_splits, backend) -> int | None:
@@ -325,25 +377,36 @@ def _num_sms(device_index: int) -> int:
     return n
 
 
-def _decode_arguments(device_index: int, seqused_k, page_table, num_splits: int) -> tuple:
-    """The cp.async kernel's seqused_k, page_table and num_splits arguments (`backends.
-    DECODE_ARGUMENTS`), placeholders where the call has no such tensor."""
+def _arguments(device_index: int, q, k, v, out, lse, scale: float, causal_offset: int,
+               write_lse: int, features: ScoreFeatures, cu_seqlens=(None, None),
+               max_seqlen_q: int = 0, seqused_k=None, page_table=None,
+               num_splits: int = 1) -> tuple:
+    """A forward kernel's arguments in `backends.ARGUMENTS` order, placeholders where the call
+    has no such tensor (the kernel's key decides which reach the device)."""
     held = _placeholders(device_index)
-    return (seqused_k if seqused_k is not None else held[1],
+    cu_q, cu_k = cu_seqlens
+    return (q, k, v, out, lse, scale, causal_offset, write_lse, features.window_left,
+            features.window_right, features.softcap,
+            cu_q if cu_q is not None else held[1], cu_k if cu_k is not None else held[1],
+            max_seqlen_q, seqused_k if seqused_k is not None else held[1],
             page_table if page_table is not None else held[2], num_splits)
 
 
-def _decode_plan(device_index, q, k, causal, seqused_k, page_table, num_splits) -> tuple:
+def _decode_plan(device_index, q, k, features: ScoreFeatures, seqused_k, page_table,
+                 num_splits, varlen=None) -> tuple:
     """(compiled kernel, split count) of a call with decode features (tuning.decode_key and
-    tuning.num_splits_heuristic say how they are chosen)."""
+    tuning.num_splits_heuristic say how they are chosen). varlen: (ragged queries, ragged
+    keys) of a `forward_varlen` call, which is never split or packed."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     heads_kv = k.shape[2]
     paged = page_table is not None
     page_size = k.shape[1] if paged else 0
     capacity = page_table.shape[1] * page_size if paged else k.shape[1]
+    varlen_q, varlen_k = varlen or (False, False)
     # what decode_key reads of seqlen_q: whether the call is short, and which decode tile its
     # packed rows take
-    request = ("decode", device_index, q.dtype, head_dim, causal, seqlen_q <= DECODE_MAX_SEQLEN_Q,
+    request = ("decode", device_index, q.dtype, head_dim, features.causal, features.local,
+               features.softcap > 0, varlen_q, varlen_k, seqlen_q <= DECODE_MAX_SEQLEN_Q,
                decode_rows_class(head_dim, seqlen_q * (heads_q // heads_kv)),
                heads_q // heads_kv, page_size, seqused_k is not None, forced_tile_arch())
     # the key, its compiled kernels without and with split-KV once asked for, and the CTAs an
@@ -351,26 +414,31 @@ def _decode_plan(device_index, q, k, causal, seqused_k, page_table, num_splits) 
     held = memory_cache.get(request)
     if held is None:
         key = decode_key(
-            _arch(device_index), _DTYPE_NAMES[q.dtype], head_dim, causal, seqlen_q=seqlen_q,
-            group=heads_q // heads_kv, page_size=page_size, seqused_k=seqused_k is not None,
-            split_kv=False, tile_arch=forced_tile_arch())
+            _arch(device_index), _DTYPE_NAMES[q.dtype], head_dim, features.causal,
+            seqlen_q=seqlen_q, group=heads_q // heads_kv, page_size=page_size,
+            seqused_k=seqused_k is not None, split_kv=False, tile_arch=forced_tile_arch(),
+            local=features.local, softcap=features.softcap > 0, varlen_q=varlen_q,
+            varlen_k=varlen_k)
         held = memory_cache[request] = [
             key, None, None, decode_ctas_per_sm(key, forced_tile_arch() or _arch(device_index))]
     base = held[0]
     if num_splits is None:
-        if seqlen_q > DECODE_MAX_SEQLEN_Q:
+        if seqlen_q > DECODE_MAX_SEQLEN_Q or varlen_q:
             num_splits = 1
         else:
             cfg = base.tile
             m_blocks = -(-seqlen_q * base.pack_gqa // cfg.block_m)
             heads = heads_kv if base.pack_gqa > 1 else heads_q
+            keys = capacity
+            if features.local:  # the keys a window lets the call's queries see
+                keys = min(capacity, features.window_left + seqlen_q + features.window_right)
             num_splits = num_splits_heuristic(m_blocks * heads * batch,
-                                              -(-capacity // cfg.block_n), _num_sms(device_index),
+                                              -(-keys // cfg.block_n), _num_sms(device_index),
                                               held[3])
     split = num_splits > 1
     kernel = held[1 + split]
     if kernel is None:
-        kernel = held[1 + split] = get_kernel(dataclasses.replace(base, split_kv=True)
+        kernel = held[1 + split] = get_kernel(dataclasses.replace(base, split_kv=True, lpt=False)
                                               if split else base)
     return kernel, num_splits
 
@@ -386,29 +454,31 @@ def _merge_kernel(device_index: int, in_dtype, out_dtype, head_dim: int):
     return kernel
 
 
+_PLAIN = {False: ScoreFeatures(False), True: ScoreFeatures(True)}
+
+
 def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse, backend,
          lazy_rescale=True, names=_FORWARD_NAMES, seqused_k=None, page_table=None,
-         num_splits=None):
+         num_splits=None, window_size=NO_WINDOW, softcap=0.0):
     decode_args = seqused_k is not None or page_table is not None or num_splits is not None
-    if not decode_args and _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse,
-                                          backend):
-        device_index = q.get_device()
+    if not decode_args and softcap == 0.0 and type(window_size) is tuple and \
+            window_size == NO_WINDOW and \
+            _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse, backend):
+        device_index, features = q.get_device(), _PLAIN[causal]
     else:
-        device_index, causal, softmax_scale, return_lse, num_splits = _check_args(
+        device_index, features, softmax_scale, return_lse, num_splits = _check_args(
             q, k, v, out, softmax_scale, causal, return_lse, backend, names, seqused_k,
-            page_table, num_splits)
+            page_table, num_splits, window_size, softcap)
     batch, seqlen_q, heads_q, head_dim = q.shape
     causal_offset = k.shape[1] - seqlen_q if bottom_right else 0
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     if seqused_k is not None or page_table is not None or (num_splits or 1) > 1 or \
             (seqlen_q <= DECODE_MAX_SEQLEN_Q and backend != "tma"):
-        kernel, num_splits = _decode_plan(device_index, q, k, causal, seqused_k, page_table,
+        kernel, num_splits = _decode_plan(device_index, q, k, features, seqused_k, page_table,
                                           num_splits)
-        takes_decode_arguments = True
     else:
-        kernel, backend_name = _kernel_for(device_index, q.dtype, head_dim, causal, backend,
-                                           lazy_rescale)
-        num_splits, takes_decode_arguments = 1, backend_name == "sm80"
+        kernel = _kernel_for(device_index, q.dtype, head_dim, features, backend, lazy_rescale)
+        num_splits = 1
     if out is None:
         out = torch.empty_like(q)  # q's memory order where q is dense, else contiguous
     if return_lse:
@@ -417,20 +487,23 @@ def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse, backe
         lse = _placeholders(device_index)[0]
     if q.requires_grad or k.requires_grad or v.requires_grad:
         q, k, v = q.detach(), k.detach(), v.detach()  # DLPack refuses tensors needing grad
-    decode = _decode_arguments(device_index, seqused_k, page_table, num_splits) \
-        if takes_decode_arguments else ()
     if num_splits == 1:
         _launch(device_index, kernel,
-                (q, k, v, out, lse, scale, causal_offset, int(return_lse)) + decode)
+                _arguments(device_index, q, k, v, out, lse, scale, causal_offset,
+                           int(return_lse), features, seqused_k=seqused_k,
+                           page_table=page_table))
     else:  # float32 partials per split, then the merge writes out (and lse)
-        o_parts = torch.empty((num_splits, batch, seqlen_q, heads_q, head_dim), device=q.device,
-                              dtype=torch.float32)
-        lse_parts = torch.empty((num_splits, batch, heads_q, seqlen_q), device=q.device,
-                                dtype=torch.float32)
+        # one allocation for both (a decode step is host-bound: each allocation is µs)
+        rows = num_splits * batch * seqlen_q * heads_q
+        parts = torch.empty(rows * (head_dim + 1), device=q.device, dtype=torch.float32)
+        o_parts = parts[:rows * head_dim].view(num_splits, batch, seqlen_q, heads_q, head_dim)
+        lse_parts = parts[rows * head_dim:].view(num_splits, batch, heads_q, seqlen_q)
         _launch(device_index, kernel,
-                (q, k, v, o_parts.view(num_splits * batch, seqlen_q, heads_q, head_dim),
-                 lse_parts.view(num_splits * batch, heads_q, seqlen_q), scale, causal_offset, 1)
-                + decode)
+                _arguments(device_index, q, k, v,
+                           o_parts.view(num_splits * batch, seqlen_q, heads_q, head_dim),
+                           lse_parts.view(num_splits * batch, heads_q, seqlen_q), scale,
+                           causal_offset, 1, features, seqused_k=seqused_k,
+                           page_table=page_table, num_splits=num_splits))
         _launch(device_index, _merge_kernel(device_index, torch.float32, q.dtype, head_dim),
                 (o_parts, lse_parts, out, lse, int(return_lse)))
     return (out, lse) if return_lse else out
@@ -449,6 +522,7 @@ def _launch(device_index: int, kernel, args: tuple) -> None:
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ...,
             softmax_scale: float | None = ..., return_lse: Literal[False] = ...,
             out: torch.Tensor | None = ..., backend: Backend = ..., *,
+            window_size: tuple[int, int] = ..., softcap: float = ...,
             seqused_k: torch.Tensor | None = ..., page_table: torch.Tensor | None = ...,
             num_splits: int | None = ...) -> torch.Tensor: ...
 
@@ -457,6 +531,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ..
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ...,
             softmax_scale: float | None = ..., *, return_lse: Literal[True],
             out: torch.Tensor | None = ..., backend: Backend = ...,
+            window_size: tuple[int, int] = ..., softcap: float = ...,
             seqused_k: torch.Tensor | None = ..., page_table: torch.Tensor | None = ...,
             num_splits: int | None = ...) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -464,6 +539,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ..
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
             softmax_scale: float | None = None, return_lse: bool = False,
             out: torch.Tensor | None = None, backend: Backend = "auto", *,
+            window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
             seqused_k: torch.Tensor | None = None, page_table: torch.Tensor | None = None,
             num_splits: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward in flash-attn's layout.
@@ -475,6 +551,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     that sees no key gets o = 0 and lse = -inf.
     backend: 'sm80' (cp.async, any sm80+ GPU), 'tma' (TMA + mbarrier, sm90+) or
     'auto' (the faster of the two measured for this GPU, see cute_fa/tuning.py).
+
+    window_size = (left, right): a sliding window, flash-attn's: query i sees keys
+    i + seqlen_k - seqlen_q - left ... i + seqlen_k - seqlen_q + right, -1 for an unbounded
+    side; with causal=True the window ends at the diagonal (its right side is 0). Key blocks
+    wholly outside the window are skipped, so the cost grows with the window, not seqlen_k.
+    softcap = c > 0: scores s * softmax_scale become c * tanh(s * softmax_scale / c) before
+    the softmax (Gemma 2's logit softcap); 0 for none.
 
     KV cache (decode), as flash-attn takes it:
     seqused_k: int32 (batch,), how many keys of each entry are valid (a cache with room to
@@ -492,7 +575,219 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     """
     return _run(q, k, v, causal=causal, bottom_right=True, softmax_scale=softmax_scale, out=out,
                 return_lse=return_lse, backend=backend, seqused_k=seqused_k,
-                page_table=page_table, num_splits=num_splits)
+                page_table=page_table, num_splits=num_splits, window_size=window_size,
+                softcap=softcap)
+
+
+def _check_cu_seqlens(name: str, t, batch: int | None) -> int:
+    """An int32 (batch + 1,) contiguous tensor of offsets; returns batch."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(t)}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be an int32 tensor, got {t.dtype}")
+    want = "(batch + 1,)" if batch is None else f"(batch + 1,) = ({batch + 1},) like cu_seqlens_q"
+    if t.dim() != 1 or t.shape[0] < 2 or (batch is not None and t.shape[0] != batch + 1):
+        raise ValueError(f"{name} must have shape {want} with batch >= 1, got {tuple(t.shape)}")
+    if t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous, got stride {t.stride()}")
+    return t.shape[0] - 1
+
+
+def _as_count(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {_type_name(value)} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def _check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
+                       softmax_scale, causal, window_size, softcap, return_lse, backend,
+                       seqused_k, page_table):
+    """`forward_varlen`'s rules, in the order a user fixes them; returns (device index,
+    ScoreFeatures, softmax_scale, return_lse, max_seqlen_q)."""
+    paged = page_table is not None
+    _check_tensor("q", q, "(total_q, heads, head_dim)", rank=3)
+    kv_layout = "(num_pages, page_size, heads_kv, head_dim)" if paged else \
+        "(total_k, heads_kv, head_dim)"
+    _check_tensor("k", k, kv_layout, rank=4 if paged else 3)
+    _check_tensor("v", v, kv_layout, rank=4 if paged else 3)
+    if not (k.dtype == q.dtype and v.dtype == q.dtype):
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    causal = _as_bool("causal", causal)
+    return_lse = _as_bool("return_lse", return_lse)
+    softmax_scale = _as_scale("softmax_scale", softmax_scale)
+    features = _score_features(causal, window_size, softcap)
+    check_backend(backend)
+    batch = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None)
+    if cu_seqlens_k is None:
+        if not paged:
+            raise ValueError("cu_seqlens_k may be None only with a page_table (a paged k/v, "
+                             "whose lengths come from seqused_k)")
+    else:
+        _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch)
+    max_seqlen_q = _as_count("max_seqlen_q", max_seqlen_q)
+    _as_count("max_seqlen_k", max_seqlen_k)
+    if batch > 65535:
+        raise ValueError(f"cu_seqlens_q holds {batch} sequences; at most 65535 (the grid's z)")
+    total_q, heads_q, head_dim = q.shape
+    if heads_q < 1:
+        raise ValueError(f"q must have at least one head, got shape {tuple(q.shape)}")
+    check_head_dim("head_dim (q.shape[-1])", head_dim)
+    if paged:
+        if k.shape[0] < 1 or k.shape[3] != head_dim or k.shape[2] < 1:
+            raise ValueError(f"k must be a paged cache of shape (num_pages>=1, page_size, "
+                             f"heads_kv>=1, head_dim={head_dim}), got {tuple(k.shape)}")
+        if not supported_page_size(k.shape[1]):
+            raise ValueError(f"the page size (k.shape[1]) must be a multiple of 16 from 16 to "
+                             f"{MAX_PAGE_SIZE}, got {k.shape[1]}")
+    elif k.shape[2] != head_dim or k.shape[1] < 1:
+        raise ValueError(f"k must have shape (total_k, heads_kv>=1, head_dim={head_dim}), got "
+                         f"{tuple(k.shape)}")
+    if v.shape != k.shape:
+        raise ValueError(f"v must have the shape of k, {tuple(k.shape)}, got {tuple(v.shape)}")
+    heads_k = k.shape[-2]
+    if heads_q % heads_k:
+        raise ValueError(f"the number of query heads ({heads_q}) must be a multiple of the number "
+                         f"of key/value heads ({heads_k})")
+    if backend == "tma" and (paged or seqused_k is not None):
+        raise ValueError("backend='tma' takes no seqused_k or page_table (the cp.async kernel "
+                         "reads a KV cache); use backend='sm80' or 'auto'")
+    named = (("q", q), ("k", k), ("v", v))
+    if out is not None:
+        _check_tensor("out", out, "(total_q, heads, head_dim)", rank=3)
+        if out.dtype != q.dtype:
+            raise TypeError(f"out must have dtype {q.dtype} like q, got {out.dtype}")
+        if out.shape != q.shape:
+            raise ValueError(f"out must have the shape of q, {tuple(q.shape)}, got "
+                             f"{tuple(out.shape)}")
+        named += (("out", out),)
+    for name, t in named:
+        _check_layout(name, t)
+    for name, t, rank, shape in (("seqused_k", seqused_k, 1, "(batch,)"),
+                                 ("page_table", page_table, 2, "(batch, max_pages_per_seq)")):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {_type_name(t)}")
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be an int32 tensor, got {t.dtype}")
+        if t.dim() != rank or t.shape[0] != batch or (rank == 2 and t.shape[1] < 1):
+            raise ValueError(f"{name} must have shape {shape} with batch={batch}, "
+                             f"got {tuple(t.shape)}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension, got strides "
+                             f"{t.stride()}")
+    device_index = q.get_device()
+    for name, t in named + (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                            ("seqused_k", seqused_k), ("page_table", page_table)):
+        if t is not None:
+            _check_device(name, t, device_index)
+    if os.environ.get("CUTE_FA_CHECK_INDICES", "") not in ("", "0"):
+        _check_varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, paged)
+        if seqused_k is not None or paged:
+            _check_index_values(k if paged else k[None], seqused_k, page_table)
+    return device_index, features, softmax_scale, return_lse, max_seqlen_q
+
+
+def _check_varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, paged) -> None:
+    """CUTE_FA_CHECK_INDICES=1: cu_seqlens start at 0, never decrease and end within the
+    tensors; max_seqlen_q is at least every query length (syncs with the device)."""
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]),
+                            ("cu_seqlens_k", cu_seqlens_k, None if paged else k.shape[0])):
+        if cu is None:
+            continue
+        lengths = (cu[1:] - cu[:-1]).tolist()
+        first, last = int(cu[0]), int(cu[-1])
+        if first != 0 or min(lengths) < 0 or (total is not None and last > total):
+            raise ValueError(f"{name} must start at 0, never decrease and end at most at "
+                             f"{total}, got {cu.tolist()}")
+        if name == "cu_seqlens_q" and max(lengths) > max_seqlen_q:
+            raise ValueError(f"max_seqlen_q ({max_seqlen_q}) is less than the longest query "
+                             f"sequence ({max(lengths)})")
+
+
+@overload
+def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor | None,
+                   max_seqlen_q: int, max_seqlen_k: int, causal: bool = ...,
+                   softmax_scale: float | None = ..., window_size: tuple[int, int] = ...,
+                   softcap: float = ..., return_lse: Literal[False] = ...,
+                   out: torch.Tensor | None = ..., backend: Backend = ..., *,
+                   seqused_k: torch.Tensor | None = ...,
+                   page_table: torch.Tensor | None = ...) -> torch.Tensor: ...
+
+
+@overload
+def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor | None,
+                   max_seqlen_q: int, max_seqlen_k: int, causal: bool = ...,
+                   softmax_scale: float | None = ..., window_size: tuple[int, int] = ...,
+                   softcap: float = ..., *, return_lse: Literal[True],
+                   out: torch.Tensor | None = ..., backend: Backend = ...,
+                   seqused_k: torch.Tensor | None = ...,
+                   page_table: torch.Tensor | None = ...) -> tuple[torch.Tensor, torch.Tensor]:
+    ...
+
+
+def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor | None,
+                   max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                   softmax_scale: float | None = None, window_size: tuple[int, int] = NO_WINDOW,
+                   softcap: float = 0.0, return_lse: bool = False,
+                   out: torch.Tensor | None = None, backend: Backend = "auto", *,
+                   seqused_k: torch.Tensor | None = None,
+                   page_table: torch.Tensor | None = None,
+                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention forward over a ragged batch packed end to end (flash-attn's
+    `flash_attn_varlen_func`), in one launch, with no host sync and no copy.
+
+    q: (total_q, heads_q, head_dim); k, v: (total_k, heads_kv, head_dim); sequence b's
+    queries are rows cu_seqlens_q[b] ... cu_seqlens_q[b + 1] - 1 of q, its keys rows
+    cu_seqlens_k[b] ... of k and v. cu_seqlens_q/k: int32 (batch + 1,), starting at 0;
+    max_seqlen_q: at least the longest query sequence (it sizes the grid); max_seqlen_k is
+    taken for flash-attn's signature. Sequences may be empty. causal is bottom-right per
+    sequence (its last query sees its last key); window_size, softcap, softmax_scale and
+    backend are `forward`'s. Returns o (total_q, heads_q, head_dim), or (o, lse) with lse
+    float32 (heads_q, total_q).
+
+    seqused_k: int32 (batch,), the keys of each sequence actually used (from its first).
+    page_table: int32 (batch, max_pages_per_seq): k and v are then a paged cache (num_pages,
+    page_size, heads_kv, head_dim) as in `forward`; cu_seqlens_k may then be None (each
+    sequence has seqused_k[b] keys, or the page table's capacity).
+    cu_seqlens, seqused_k and page_table values and max_seqlen_q are trusted (checking them
+    needs a device sync); CUTE_FA_CHECK_INDICES=1 checks them on every call.
+    """
+    device_index, features, softmax_scale, return_lse, max_seqlen_q = _check_varlen_args(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, softmax_scale,
+        causal, window_size, softcap, return_lse, backend, seqused_k, page_table)
+    total_q, heads_q, head_dim = q.shape
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    paged = page_table is not None
+    if out is None:
+        out = torch.empty_like(q)
+    lse = torch.empty((heads_q, total_q), device=q.device, dtype=torch.float32) \
+        if return_lse else None
+    if total_q and max_seqlen_q:
+        if q.requires_grad or k.requires_grad or v.requires_grad:
+            q, k, v = q.detach(), k.detach(), v.detach()  # DLPack refuses tensors needing grad
+        q4 = q[None]
+        k4, v4 = (k, v) if paged else (k[None], v[None])
+        varlen_k = cu_seqlens_k is not None
+        if paged or seqused_k is not None:
+            kernel, _ = _decode_plan(device_index, q4, k4, features, seqused_k, page_table, 1,
+                                     varlen=(True, varlen_k))
+        else:
+            kernel = _kernel_for(device_index, q.dtype, head_dim, features, backend,
+                                 varlen=True)
+        _launch(device_index, kernel,
+                _arguments(device_index, q4, k4, v4, out[None],
+                           lse[None] if return_lse else _placeholders(device_index)[0], scale,
+                           0, int(return_lse), features, (cu_seqlens_q, cu_seqlens_k),
+                           max_seqlen_q, seqused_k, page_table))
+    elif return_lse:
+        lse.fill_(-math.inf)
+    return (out, lse) if return_lse else out
 
 
 def merge_attention(o_parts: torch.Tensor,

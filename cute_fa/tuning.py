@@ -87,8 +87,12 @@ def resolve_backend(arch: str, backend: str, head_dim: int, causal: bool) -> str
 
 
 def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str = "auto",
-               lazy_rescale: bool = True, tile_arch: str | None = None):
+               lazy_rescale: bool = True, tile_arch: str | None = None, *,
+               local: bool = False, softcap: bool = False, varlen: bool = False):
     """The KernelKey `forward` compiles and launches for this problem.
+
+    local, softcap, varlen: a sliding window's lower edge, a softcap, a ragged batch
+    (`backends.KernelKey`); each keeps the tile, stages and register cap of the plain kernel.
 
     tile_arch (default: `arch`, or the one `tiles_of` forces) is the arch whose tables choose
     the tile, K/V stages, register cap and 'auto' backend, while the kernel is compiled for
@@ -102,14 +106,24 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     and benchmarked.
     """
     tiles = tile_arch or _forced_tile_arch[0] or arch
+    if backend == "auto":
+        backend = AUTO_FEATURES.get((tiles, head_dim_class(head_dim), causal,
+                                     (local, softcap, varlen)), backend)
     backend = resolve_backend(tiles, backend, head_dim, causal)
     _require_support(backend, arch)  # the forced arch may have TMA where this one has not
     cfg = tile_config(tiles, dtype, head_dim, causal, backend)
     cap = REGISTER_CAP_CTAS.get((tiles, backend, head_dim_class(head_dim), causal), 0)
+    features = dict(local=local, softcap=softcap, varlen_q=varlen, varlen_k=varlen, lpt=causal)
+    feature_tile = FEATURE_TILES.get((tiles, backend, head_dim_class(head_dim), causal,
+                                      (local, softcap, varlen)))
+    if feature_tile is not None:
+        cfg = TileConfig(head_dim=head_dim, block_m=feature_tile[0], block_n=feature_tile[1],
+                         num_threads=feature_tile[2], dtype=dtype)
+        cap = 0
     if backend == "sm80":
-        return Sm80Key(arch, causal, cfg, ctas_per_sm=cap)
+        return Sm80Key(arch, causal, cfg, ctas_per_sm=cap, **features)
     tile = TMA_TILE_EXCEPTIONS.get((tiles.rstrip("a"), cfg.head_dim_padded))
-    if tile is not None:
+    if tile is not None and feature_tile is None:
         cfg = TileConfig(head_dim=head_dim, block_m=tile[0], block_n=tile[1],
                          num_threads=tile[2], dtype=dtype)
     ctas = TMA_CTAS_PER_SM.get(head_dim_class(head_dim), 2)
@@ -120,7 +134,7 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     # is traced step by step)
     return TmaKey(arch, causal, cfg, ctas_per_sm=cap, kv_stages=stages,
                   lazy_rescale=bool(lazy_rescale), s_gemm_fine=not causal,
-                  s_gemm_python_unrolled=causal)
+                  s_gemm_python_unrolled=causal, **features)
 
 
 def max_kv_stages(cfg: TileConfig, smem_budget: int, ctas_per_sm: int = 2, cap: int = 4) -> int:
@@ -159,6 +173,63 @@ def forced_tile_arch() -> str | None:
 # 128 O + 64 S accumulators per thread) by up to 456 bytes; 128x32 compiles without spills
 # (while at 96 it is 128x32 that spills). Checked with ptxas only, not on an sm120 GPU.
 TMA_TILE_EXCEPTIONS = {("sm_120", 128): (128, 32, 128)}
+
+# Kernels with a sliding window, a softcap or a ragged batch keep a few more values live in
+# registers (the window's edges, the softcap's scale, the entry's offsets and lengths), and
+# ptxas, at 255 registers already for most plain kernels, then spills some of them.
+# - The sm80 kernel: where it does, for either dtype, the kernel takes the first spill-free
+#   tile of: the plain tile with twice the warps (16 query rows per warp instead of 32), half
+#   the key block, a 64-row tile. (arch, backend, head_dim class, causal, (local, softcap,
+#   varlen)) -> (block_m, block_n, num_threads), written from ptxas on sm_80 and sm_90a
+#   (sm_120a's smaller tiles compile spill-free as they are); tests/test_compile_features.py
+#   compiles every entry. One kernel spills with every candidate: at head_dim 256, causal,
+#   with a softcap only (Gemma 2's global layers) on sm_90a, 16 bytes at 128x32; `auto` runs
+#   the TMA kernel there (AUTO_FEATURES). These tiles were not timed (on the H200 `auto` runs
+#   the TMA kernel at head_dim 64 and 128).
+# - The TMA kernel keeps its plain tile and spills up to FEATURE_SPILL_BUDGET bytes on sm_90a:
+#   the spill-free tile of twice the warps measured far slower on the H200
+#   (docs/perf/2026-12-01-h200-prefill/): a ragged batch at head_dim 128, 235 TFLOPs/s
+#   against 341 with the plain tile (16 bytes of spills), a 4k window at 32k tokens 322
+#   against 399.
+FEATURE_TILES: dict = {
+    ('sm_80', 'sm80', 64, False, (False, True, False)): (128, 64, 256),
+    ('sm_80', 'sm80', 64, False, (False, True, True)): (128, 64, 256),
+    ('sm_80', 'sm80', 64, False, (True, True, False)): (128, 64, 256),
+    ('sm_80', 'sm80', 64, False, (True, True, True)): (128, 64, 256),
+    ('sm_80', 'sm80', 64, True, (False, True, False)): (128, 64, 256),
+    ('sm_80', 'sm80', 64, True, (True, True, True)): (128, 64, 256),
+    ('sm_80', 'sm80', 128, False, (True, True, True)): (128, 64, 256),
+    ('sm_80', 'sm80', 128, True, (True, True, False)): (128, 64, 256),
+    ('sm_80', 'sm80', 128, True, (True, True, True)): (128, 64, 256),
+    ('sm_80', 'sm80', 256, False, (True, True, True)): (128, 32, 256),
+    ('sm_80', 'sm80', 256, True, (False, True, True)): (128, 32, 256),
+    ('sm_90a', 'sm80', 64, False, (False, True, False)): (128, 64, 256),
+    ('sm_90a', 'sm80', 64, False, (False, True, True)): (128, 64, 256),
+    ('sm_90a', 'sm80', 64, False, (True, True, False)): (128, 64, 256),
+    ('sm_90a', 'sm80', 64, False, (True, True, True)): (128, 64, 256),
+    ('sm_90a', 'sm80', 64, True, (False, True, True)): (128, 64, 256),
+    ('sm_90a', 'sm80', 64, True, (True, True, False)): (128, 64, 256),
+    ('sm_90a', 'sm80', 64, True, (True, True, True)): (128, 64, 256),
+    ('sm_90a', 'sm80', 128, False, (True, True, True)): (128, 64, 256),
+    ('sm_90a', 'sm80', 128, True, (False, True, False)): (128, 64, 256),
+    ('sm_90a', 'sm80', 128, True, (False, True, True)): (128, 64, 256),
+    ('sm_90a', 'sm80', 256, False, (True, True, True)): (128, 32, 256),
+    ('sm_90a', 'sm80', 256, True, (False, False, True)): (128, 32, 256),
+    ('sm_90a', 'sm80', 256, True, (False, True, False)): (128, 32, 256),
+    ('sm_90a', 'sm80', 256, True, (False, True, True)): (128, 32, 256),
+    ('sm_90a', 'sm80', 256, True, (True, True, False)): (128, 32, 256),
+    ('sm_90a', 'sm80', 256, True, (True, True, True)): (128, 32, 256),
+}
+
+# (arch, head_dim class, causal, (local, softcap, varlen)) -> the backend 'auto' takes for a
+# feature kernel where it differs from AUTO's, and why: see FEATURE_TILES.
+AUTO_FEATURES = {("sm_90a", 256, True, (False, True, False)): "tma"}
+SPILLING_FEATURE_KERNELS = {("sm_90a", "sm80", 256, True, (False, True, False)): 16}
+# Bytes of spill stores (and of loads) a feature kernel that keeps its plain tile may have:
+# the TMA kernel's (above; at most 44 bytes on sm_90a, none on sm_120a) and the decode
+# kernels' with a window or a softcap (at most 48 bytes, in some paged head_dim-64
+# configurations; their loads are memory-bound, and spilling to L1 costs them little).
+FEATURE_SPILL_BUDGET = 48
 
 # CTAs per SM the TMA kernel's K/V ring is sized for (default 2). head_dim 64 is sized for
 # three (3 stages instead of 4): the causal kernel's registers are capped for three CTAs
@@ -303,12 +374,14 @@ def decode_tile(arch: str, dtype: str, head_dim: int, packed_rows: int = 64) -> 
 
 def decode_key(arch: str, dtype: str, head_dim: int, causal: bool, *, seqlen_q: int,
                group: int, page_size: int, seqused_k: bool, split_kv: bool,
-               tile_arch: str | None = None) -> Sm80Key:
+               tile_arch: str | None = None, local: bool = False, softcap: bool = False,
+               varlen_q: bool = False, varlen_k: bool = False) -> Sm80Key:
     """The cp.async kernel's key for a call with decode features: a short query (seqlen_q <=
     DECODE_MAX_SEQLEN_Q: GQA-packed, decode tile), a paged cache, per-entry key counts or
-    split keys. A longer query keeps the prefill tile, unpacked."""
+    split keys. A longer query, or a ragged one (varlen_q: a paged cache read by a ragged
+    batch of queries), keeps the prefill tile, unpacked."""
     tiles = tile_arch or _forced_tile_arch[0] or arch
-    short = seqlen_q <= DECODE_MAX_SEQLEN_Q
+    short = seqlen_q <= DECODE_MAX_SEQLEN_Q and not varlen_q
     cfg = decode_tile(tiles, dtype, head_dim, seqlen_q * group) if short else \
         tile_config(tiles, dtype, head_dim, causal, "sm80")
     if cfg.warps_split_keys:
@@ -323,7 +396,8 @@ def decode_key(arch: str, dtype: str, head_dim: int, causal: bool, *, seqlen_q: 
         stages = max_kv_stages(cfg, Arch.of_name(tiles).smem_bytes, ctas_per_sm=2, cap=ring)
     return Sm80Key(arch, causal, cfg, ctas_per_sm=cap, kv_stages=stages if stages >= 2 else 0,
                    pack_gqa=group if short else 1, split_kv=split_kv, page_size=page_size,
-                   seqused_k=seqused_k)
+                   seqused_k=seqused_k, local=local, softcap=softcap, varlen_q=varlen_q,
+                   varlen_k=varlen_k, lpt=causal and not short and not split_kv)
 
 
 def decode_ctas_per_sm(key: Sm80Key, arch: str) -> int:

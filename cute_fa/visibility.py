@@ -4,6 +4,11 @@ numpy arrays and DSL Int32 values inside a kernel alike.
 
 causal_offset = Sk - Sq aligns the bottom-right corner (flash-attn's causal);
 causal_offset = 0 is the top-left alignment of torch SDPA (docs/walkthrough.md §8).
+
+A sliding window (flash-attn's window_size = (left, right), -1 for an unbounded side) moves
+the edges: query i sees keys i + causal_offset - left ... i + causal_offset + right; causal
+is right = 0. The kernels take an upper edge as causal masking with causal_offset + right,
+and a lower edge as `first_visible_key` with window_offset = causal_offset - left.
 """
 
 
@@ -12,8 +17,21 @@ def last_visible_key(query, causal_offset):
     return query + causal_offset
 
 
-def key_visible(query, key, *, causal: bool, causal_offset=0):
-    """True where key `key` contributes to query `query` (global positions)."""
-    if not causal:
-        return True
-    return key <= last_visible_key(query, causal_offset)
+def first_visible_key(query, window_offset):
+    """Under a window with a lower edge, query `query` sees keys from query + window_offset."""
+    return query + window_offset
+
+
+def key_visible(query, key, *, causal: bool, causal_offset=0, window_size=(-1, -1)):
+    """True where key `key` contributes to query `query` (global positions). causal (bottom-
+    right by causal_offset) is window_size's right side 0; window_size = (left, right)
+    bounds the keys to query + causal_offset - left ... query + causal_offset + right."""
+    left, right = window_size
+    if causal:
+        right = 0
+    visible = True
+    if right >= 0:
+        visible = key <= last_visible_key(query, causal_offset + right)
+    if left >= 0:
+        visible = visible & (key >= first_visible_key(query, causal_offset - left))
+    return visible

@@ -11,15 +11,14 @@ import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-from cute_fa.backends import Sm80Key
 from cute_fa.compiler import compile_kernel
-from cute_fa.tuning import kernel_key, tile_config
+from cute_fa.tuning import kernel_key
 from test_compile_forward import ARCHS, CASES, TMA_CASES
 
 
 def keys() -> list:
     """The keys of test_compile_forward.py's two parametrisations, in its order."""
-    out = [Sm80Key(arch, causal, tile_config(arch, dtype, head_dim, causal))
+    out = [kernel_key(arch, dtype, head_dim, causal, "sm80")
            for arch in ARCHS for head_dim, causal, dtype in CASES]
     out += [kernel_key(arch, dtype, head_dim, causal, "tma", lazy_rescale=lazy)
             for arch, head_dim, causal, dtype, lazy in TMA_CASES]

@@ -8,7 +8,6 @@ import re
 
 import pytest
 
-from cute_fa.backends import Sm80Key
 from cute_fa.compiler import compile_kernel, ptxas_resources
 from cute_fa.tuning import SMEM_BYTES, TILES, kernel_key, tile_config
 
@@ -36,7 +35,9 @@ def _one_round_mmas(cfg) -> int:
 def test_forward_compiles_without_spills(arch, head_dim, causal, dtype):
     cfg = tile_config(arch, dtype, head_dim, causal)
     assert cfg.smem_bytes() <= SMEM_BYTES[arch]
-    compiled = compile_kernel(Sm80Key(arch, causal, cfg), keep_ptx=True)
+    key = kernel_key(arch, dtype, head_dim, causal, "sm80")
+    assert key.tile == cfg and key.lpt == causal
+    compiled = compile_kernel(key, keep_ptx=True)
     ptx = compiled.__ptx__
     assert re.search(rf"^\.target {arch}\b", ptx, re.M)
     mma = "bf16.bf16" if dtype == "bfloat16" else "f16.f16"

@@ -32,7 +32,8 @@ def _plan(batch, seqlen_q, heads_q, heads_kv, head_dim, dtype, causal, *, page_s
     else:
         k, table = torch.empty(batch, 4096, heads_kv, head_dim, dtype=dtype), None
     lens = torch.zeros(batch, dtype=torch.int32) if seqused else None
-    kernel, splits = interface._decode_plan(0, q, k, causal, lens, table, num_splits)
+    kernel, splits = interface._decode_plan(0, q, k, interface.ScoreFeatures(causal), lens, table,
+                                            num_splits)
     if splits > 1:  # forward then merges the partials
         interface._merge_kernel(0, torch.float32, dtype, head_dim)
     return kernel, splits

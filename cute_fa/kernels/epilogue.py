@@ -6,6 +6,7 @@ import cutlass.cute as cute
 from ..layouts import copies, mma as mma_mod, smem
 from ..layouts._types import cutlass_dtype
 from .softmax import LN2
+from .work import SeqlenInfo, shifted
 
 
 @cute.jit
@@ -74,30 +75,23 @@ def store_LSE(lse: cute.Tensor, query0, row_offsets: cutlass.Constexpr, gLSE: cu
 
 @cute.jit
 def write_outputs(cfg: cutlass.Constexpr, f, sQ: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                  batch, head, m_block, seqlen_q, query0, write_lse, tidx):
+                  batch, head, m_block, seqlen: SeqlenInfo, query0, write_lse, tidx):
     """The end of every forward kernel: normalise O, store it and, if asked, LSE.
 
     f is the thread's `thread_mma.ThreadMma`; query0 the global row of its first S row.
     """
     bm, dp = cfg.block_m, cfg.head_dim_padded
+    seqlen_q = seqlen.seqlen_q
     lse = cute.make_rmem_tensor(cute.size(f.softmax.row_max), cutlass.Float32)
     f.softmax.finalize(f.acc_O_mn, lse)
     cO = cute.local_tile(cute.make_identity_tensor((seqlen_q, cfg.head_dim)), (bm, dp),
                          (m_block, 0))
-    gO = cute.local_tile(mO[batch, None, head, None], (bm, dp), (m_block, 0))
+    gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (bm, dp), (m_block, 0))
     store_O(cfg, f.acc_O, f.tiled_mma, sQ, gO, cO, seqlen_q, tidx)
     if write_lse != 0:  # else mLSE is a placeholder: the caller did not ask for LSE
         quad_bits = sum(f.reduce_offsets)  # distinct powers of two
-        store_LSE(lse, query0, f.row_offsets, mLSE[batch, head, None], seqlen_q, tidx,
-                  quad_bits)
-
-
-def shifted(t: cute.Tensor, offset) -> cute.Tensor:
-    """`t` moved by `offset` elements, a multiple of 8 (16 bytes: the offsets are sums of
-    strides that the kernels' arguments guarantee to be multiples of 8), so 16-byte copies
-    stay legal. How the kernels reach a row that is not affine in its index: a GQA-packed
-    row, a key in a page."""
-    return cute.make_tensor(t.iterator + cute.assume(offset, divby=8), t.layout)
+        store_LSE(lse, query0, f.row_offsets, seqlen.lse_row(mLSE, batch, head), seqlen_q,
+                  tidx, quad_bits)
 
 
 @cute.jit

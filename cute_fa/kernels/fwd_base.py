@@ -7,7 +7,9 @@ and one round
     slot     = round_slot(i)            which key block (and ring stage) round i uses
     before_s                            variant: wait for K (and start V's load)
     S = Q K^T                           variant: gemm_s
-    mask (first rounds only)            mask.apply_mask: the score transform
+    softcap (if the key has one)        mask.apply_softcap
+    mask (first rounds; with a window   mask.apply_mask
+      also the last ones)
     online softmax -> row scale; rescale O
     after_softmax                       variant: (sm80) wait for V, start the next K
     P = S in the input dtype, as the A operand of the next MMA (registers, no smem)
@@ -30,6 +32,7 @@ from ..layouts import mma as mma_mod
 from ..layouts._types import cutlass_dtype
 from . import epilogue, mask
 from .launch import occupancy_options
+from .softmax import LOG2_E
 from .thread_mma import ThreadMma
 from .work import BlockInfo, QueryRows, SeqlenInfo, SingleTileScheduler
 
@@ -56,10 +59,27 @@ class RoundSlot:
 
 
 @dataclass(frozen=True)
+class KeyRange:
+    """The keys a CTA's rows see: causal_offset places the upper (causal) edge,
+    window_offset the lower edge of a sliding window (None: none), and the CTA visits key
+    blocks [n_block_min, n_block_max) (with split-KV: its split's share of the blocks below
+    n_block_total, the query block's own n_block_max)."""
+
+    causal_offset: object
+    n_block_max: object
+    n_block_min: object = 0
+    n_block_total: object = None
+    window_offset: object = None
+
+
+@dataclass(frozen=True)
 class RoundContext:
     """What every round reads: the thread's MMA state, its mask coordinates, the lengths, the
     key blocks [n_block_min, n_block_max) it visits (with split-KV: its split's share of the
-    n_block_total the query block sees), and the variant's load state (`loads`)."""
+    n_block_total the query block sees), and the variant's load state (`loads`). With a
+    sliding window: window_offset (the lower edge, `visibility.first_visible_key`) and
+    window_edge (key blocks starting below it need masking); with a softcap: softcap_scale
+    (softmax_scale / softcap, `mask.apply_softcap`)."""
 
     thr: ThreadMma
     mask_at: MaskCoords
@@ -69,6 +89,9 @@ class RoundContext:
     loads: object
     n_block_min: object = 0
     n_block_total: object = None
+    window_offset: object = None
+    window_edge: object = None
+    softcap_scale: object = None
 
 
 class FlashFwdBase:
@@ -83,10 +106,52 @@ class FlashFwdBase:
         self.split_kv = getattr(key, "split_kv", False)
         self.page_size = getattr(key, "page_size", 0)
         self.seqused_k = getattr(key, "seqused_k", False)
+        self.varlen_q = getattr(key, "varlen_q", False)
+        self.varlen_k = getattr(key, "varlen_k", False)
+        # score features (fields of every forward key): a window's lower edge, a softcap
+        self.local = key.local
+        self.softcap = key.softcap
         self.rows = QueryRows(self.group)
-        self.scheduler = SingleTileScheduler(cfg.block_m, key.causal, self.group, self.split_kv)
-        self.block_info = BlockInfo(cfg.block_m, cfg.block_n, key.causal, self.group)
+        self.scheduler = SingleTileScheduler(cfg.block_m, key.causal, self.group, self.split_kv,
+                                             key.lpt)
+        self.block_info = BlockInfo(cfg.block_m, cfg.block_n, key.causal, self.group, key.local)
         self.mask_steps = self.block_info.masked_rounds()
+
+    def _scales(self, softmax_scale, softcap):
+        """(scale_log2 of the softmax, the softcap's pre-scale or None): with a softcap the
+        scores are tanh(S * softmax_scale / softcap) and the softmax scale softcap * log2(e)."""
+        if cutlass.const_expr(self.softcap):
+            return softcap * LOG2_E, softmax_scale / softcap
+        return softmax_scale * LOG2_E, None
+
+    @cute.jit
+    def _key_range(self, tile, seqlen: SeqlenInfo, causal_offset, window_left, window_right,
+                   num_splits=None) -> KeyRange:
+        """The key blocks tile's rows visit and the edges of their keys (`KeyRange`). With a
+        window, the upper edge moves right by window_right and the lower one is window_left
+        keys left of the diagonal; a ragged batch's query blocks past their entry's queries
+        visit none."""
+        window_offset = None
+        if cutlass.const_expr(self.local):
+            window_offset = causal_offset - window_left
+            causal_offset = causal_offset + window_right
+        n_block_max = self.block_info.n_block_max(seqlen, tile.m_block, causal_offset)
+        if cutlass.const_expr(self.varlen_q):
+            if tile.m_block * self.cfg.block_m >= self.rows.count(seqlen.seqlen_q):
+                n_block_max = cutlass.Int32(0)
+        n_block_first = 0
+        if cutlass.const_expr(self.local):
+            n_block_first = cutlass.min(self.block_info.n_block_min(tile.m_block, window_offset),
+                                        n_block_max)
+        if cutlass.const_expr(self.split_kv):
+            if cutlass.const_expr(self.local):
+                lo, hi = self.block_info.split_range(n_block_max - n_block_first, tile.split,
+                                                     num_splits)
+                lo, hi = n_block_first + lo, n_block_first + hi
+            else:
+                lo, hi = self.block_info.split_range(n_block_max, tile.split, num_splits)
+            return KeyRange(causal_offset, hi, lo, n_block_max, window_offset)
+        return KeyRange(causal_offset, n_block_max, n_block_first, None, window_offset)
 
     def _launch(self, kernel_call, grid, storage, stream):
         kernel_call.launch(grid=grid, block=(self.cfg.num_threads, 1, 1),
@@ -94,13 +159,13 @@ class FlashFwdBase:
                            **occupancy_options(self.ctas_per_sm))
 
     def _work(self, heads_q, heads_kv, seqlen: SeqlenInfo, causal_offset):
-        """(tile, n_block_max) of this CTA."""
+        """(tile, KeyRange) of this CTA, for the dense call without a window."""
         tile = self.scheduler.tile(heads_q, heads_kv)
-        return tile, self.block_info.n_block_max(seqlen, tile.m_block, causal_offset)
+        return tile, KeyRange(causal_offset,
+                              self.block_info.n_block_max(seqlen, tile.m_block, causal_offset))
 
-    def _context(self, thr: ThreadMma, m_block, seqlen: SeqlenInfo, causal_offset,
-                 n_block_max, loads, n_block_min=0, n_block_total=None,
-                 warp=None) -> RoundContext:
+    def _context(self, thr: ThreadMma, m_block, seqlen: SeqlenInfo, keys: KeyRange, loads,
+                 warp=None, softcap_scale=None) -> RoundContext:
         """warp: where the warps split the keys, this thread's warp, whose rows start at row
         slab * 16 of the tile and whose keys at column group * warp_keys of every K/V tile
         (`TileConfig.warp_place`)."""
@@ -109,16 +174,27 @@ class FlashFwdBase:
         if warp is not None:
             slab, group = self.cfg.warp_place(warp)
             query0, col0 = query0 + slab * 16, col0 + group * self.cfg.warp_keys
+        window_edge = None
+        if cutlass.const_expr(self.local):
+            window_edge = self.block_info.window_edge(m_block, keys.window_offset)
         return RoundContext(thr, MaskCoords(thr.row_offsets, thr.col_offsets, query0, col0),
-                            seqlen, causal_offset, n_block_max, loads, n_block_min,
-                            n_block_total)
+                            seqlen, keys.causal_offset, keys.n_block_max, loads, keys.n_block_min,
+                            keys.n_block_total, keys.window_offset, window_edge, softcap_scale)
 
     @cute.jit
     def _rounds(self, ctx: RoundContext):
         """Every K/V round, one loop body (one copy of it to trace and compile): the rounds
         that may need masking come first and mask under a uniform branch. With split-KV only
         the split holding the last visible blocks masks."""
-        if cutlass.const_expr(self.split_kv):
+        if cutlass.const_expr(self.local):
+            # the causal edge's blocks come first, the window's lower edge's last
+            top = ctx.n_block_total if cutlass.const_expr(self.split_kv) else ctx.n_block_max
+            first_masked = top - self.mask_steps
+            for i in range(0, ctx.n_block_max - ctx.n_block_min, 1):
+                n_block = ctx.n_block_max - 1 - i
+                self._round(ctx, i, (n_block >= first_masked)
+                            | (n_block * self.cfg.block_n < ctx.window_edge))
+        elif cutlass.const_expr(self.split_kv):
             first_masked = ctx.n_block_total - self.mask_steps
             for i in range(0, ctx.n_block_max - ctx.n_block_min, 1):
                 self._round(ctx, i, ctx.n_block_max - 1 - i >= first_masked)
@@ -138,13 +214,15 @@ class FlashFwdBase:
         acc_S.fill(0.0)
         self.before_s(ctx, slot, masked)
         self.gemm_s(ctx, slot, acc_S)
+        if cutlass.const_expr(self.softcap):
+            mask.apply_softcap(acc_S, ctx.softcap_scale)
 
         acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
         if masked:
             at = ctx.mask_at
             mask.apply_mask(acc_S_mn, at.row_offsets, at.col_offsets, at.query0,
                             slot.n_block * cfg.block_n + at.col0, ctx.seqlen.seqlen_k,
-                            ctx.causal_offset, self.causal, self.group)
+                            ctx.causal_offset, self.causal, self.group, ctx.window_offset)
         scale = thr.softmax.step(acc_S_mn)
         thr.softmax.rescale_O(thr.acc_O_mn, scale)
         self.after_softmax(ctx, slot)
@@ -166,7 +244,7 @@ class FlashFwdBase:
                                               warp)
         elif cutlass.const_expr(self.group == 1 and not self.split_kv):
             epilogue.write_outputs(self.cfg, ctx.thr, sQ, mO, mLSE, tile.batch, tile.head,
-                                   tile.m_block, ctx.seqlen.seqlen_q, ctx.mask_at.query0,
+                                   tile.m_block, ctx.seqlen, ctx.mask_at.query0,
                                    write_lse, tidx)
         else:
             epilogue.write_outputs_rows(self.cfg, ctx.thr, sQ, mO, mLSE, tile, self.rows,

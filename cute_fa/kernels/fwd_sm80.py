@@ -51,9 +51,8 @@ from ..layouts import copies, smem
 from . import epilogue
 from .fwd_base import FlashFwdBase, RoundContext, RoundSlot
 from .gemm import gemm_ldmatrix
-from .softmax import LOG2_E
 from .thread_mma import thread_mma
-from .work import SeqlenInfo
+from .work import SeqlenInfo, shifted
 
 
 
@@ -101,21 +100,33 @@ class FlashFwdSm80(FlashFwdBase):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32,
-                 write_lse: cutlass.Int32, mSeqUsedK: cute.Tensor, mPageTable: cute.Tensor,
-                 num_splits: cutlass.Int32, stream):
+                 write_lse: cutlass.Int32, window_left: cutlass.Int32,
+                 window_right: cutlass.Int32, softcap: cutlass.Float32,
+                 mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_q: cutlass.Int32,
+                 mSeqUsedK: cute.Tensor, mPageTable: cute.Tensor, num_splits: cutlass.Int32,
+                 stream):
         cfg = self.cfg
         sQ_layout = smem.smem_layout_q(cfg)
         sKV_layout = smem.smem_layout_kv(cfg, self.kv_stages)
         SharedStorage = smem.shared_storage(cfg, self.kv_stages)
 
-        # the decode arguments reach the device only where the key asks for them
+        # the feature arguments reach the device only where the key asks for them
         seqused = mSeqUsedK if cutlass.const_expr(self.seqused_k) else None
         page_table = mPageTable if cutlass.const_expr(self.page_size > 0) else None
         splits = num_splits if cutlass.const_expr(self.split_kv) else None
-        grid = self.scheduler.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0], num_splits)
-        self._launch(self.kernel(mQ, mK, mV, mO, mLSE, softmax_scale * LOG2_E, causal_offset,
+        cu_q = mCuSeqlensQ if cutlass.const_expr(self.varlen_q) else None
+        cu_k = mCuSeqlensK if cutlass.const_expr(self.varlen_k) else None
+        left = window_left if cutlass.const_expr(self.local) else None
+        right = window_right if cutlass.const_expr(self.local) else None
+        scale_log2, softcap_scale = self._scales(softmax_scale, softcap)
+        if cutlass.const_expr(self.varlen_q):
+            grid = self.scheduler.grid(max_seqlen_q, mQ.shape[2], mCuSeqlensQ.shape[0] - 1,
+                                       num_splits)
+        else:
+            grid = self.scheduler.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0], num_splits)
+        self._launch(self.kernel(mQ, mK, mV, mO, mLSE, scale_log2, causal_offset,
                                  write_lse, sQ_layout, sKV_layout, SharedStorage, seqused,
-                                 page_table, splits),
+                                 page_table, splits, cu_q, cu_k, left, right, softcap_scale),
                      grid, SharedStorage, stream)
 
     @cute.kernel
@@ -124,44 +135,47 @@ class FlashFwdSm80(FlashFwdBase):
                write_lse: cutlass.Int32, sQ_layout: cute.ComposedLayout,
                sKV_layout: cute.ComposedLayout, SharedStorage: cutlass.Constexpr,
                mSeqUsedK: Optional[cute.Tensor], mPageTable: Optional[cute.Tensor],
-               num_splits: Optional[cutlass.Int32]):
+               num_splits: Optional[cutlass.Int32], mCuSeqlensQ: Optional[cute.Tensor],
+               mCuSeqlensK: Optional[cute.Tensor], window_left: Optional[cutlass.Int32],
+               window_right: Optional[cutlass.Int32], softcap_scale: Optional[cutlass.Float32]):
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
-        n_block_min, n_block_total = 0, None
         if cutlass.const_expr(self.group == 1 and not self.split_kv and not self.seqused_k
-                              and self.page_size == 0):
+                              and self.page_size == 0 and not self.varlen_q
+                              and not self.varlen_k and not self.local):
             seqlen = SeqlenInfo(mQ.shape[1], mK.shape[1])
             # K/V tiles are walked from n_block_max - 1 down to 0
-            tile, n_block_max = self._work(mQ.shape[2], mK.shape[2], seqlen, causal_offset)
+            tile, keys = self._work(mQ.shape[2], mK.shape[2], seqlen, causal_offset)
         else:
-            tile = self.scheduler.tile(mQ.shape[2], mK.shape[2], mQ.shape[0])
+            batch_size = mQ.shape[0]
+            if cutlass.const_expr(self.varlen_q):
+                batch_size = mCuSeqlensQ.shape[0] - 1
+            tile = self.scheduler.tile(mQ.shape[2], mK.shape[2], batch_size)
             seqlen_k = mK.shape[1]
             if cutlass.const_expr(self.page_size > 0):
                 seqlen_k = mPageTable.shape[1] * self.page_size
-            if cutlass.const_expr(self.seqused_k):
-                seqlen_k = mSeqUsedK[tile.batch]
-            seqlen = SeqlenInfo(mQ.shape[1], seqlen_k)
-            if cutlass.const_expr(self.seqused_k or self.page_size > 0):
-                causal_offset = seqlen_k - seqlen.seqlen_q  # bottom-right, per batch entry
-            n_block_max = self.block_info.n_block_max(seqlen, tile.m_block, causal_offset)
-            if cutlass.const_expr(self.split_kv):
-                n_block_total = n_block_max
-                n_block_min, n_block_max = self.block_info.split_range(n_block_total, tile.split,
-                                                                       num_splits)
+            seqlen = SeqlenInfo.of(tile.batch, mQ.shape[1], seqlen_k, mCuSeqlensQ, mCuSeqlensK,
+                                   mSeqUsedK)
+            if cutlass.const_expr(self.seqused_k or self.page_size > 0 or self.varlen_q
+                                  or self.varlen_k):
+                causal_offset = seqlen.seqlen_k - seqlen.seqlen_q  # bottom-right, per entry
+            keys = self._key_range(tile, seqlen, causal_offset, window_left, window_right,
+                                   num_splits)
+        n_block_min, n_block_max = keys.n_block_min, keys.n_block_max
         m_block, head, batch, head_kv = tile.m_block, tile.head, tile.batch, tile.head_kv
         n_rows = self.rows.count(seqlen.seqlen_q)
 
         if cutlass.const_expr(self.group == 1):
-            gQ = cute.local_tile(mQ[batch, None, head, None], (bm, dp), (m_block, 0))
+            gQ = cute.local_tile(seqlen.q_rows(mQ, batch, head), (bm, dp), (m_block, 0))
         else:  # query rows 0..bm-1 of the group's first head; each row is shifted to its own
-            gQ = cute.local_tile(mQ[batch, None, head, None], (bm, dp), (0, 0))
+            gQ = cute.local_tile(seqlen.q_rows(mQ, batch, head), (bm, dp), (0, 0))
         if cutlass.const_expr(self.page_size > 0):  # rows 0..bn-1 of page 0, shifted per row
             gK = cute.local_tile(mK[0, None, head_kv, None], (bn, dp), (0, 0))
             gV = cute.local_tile(mV[0, None, head_kv, None], (bn, dp), (0, 0))
         else:
-            gK = cute.local_tile(mK[batch, None, head_kv, None], (bn, dp), (None, 0))
-            gV = cute.local_tile(mV[batch, None, head_kv, None], (bn, dp), (None, 0))
+            gK = cute.local_tile(seqlen.k_rows(mK, batch, head_kv), (bn, dp), (None, 0))
+            gV = cute.local_tile(seqlen.k_rows(mV, batch, head_kv), (bn, dp), (None, 0))
         cQ = cute.local_tile(cute.make_identity_tensor((n_rows, cfg.head_dim)),
                              (bm, dp), (m_block, 0))
         cKV = cute.make_identity_tensor((bn, dp))
@@ -190,7 +204,7 @@ class FlashFwdSm80(FlashFwdBase):
             if row < n_rows:
                 tQgQ_m = tQgQ[None, m, None]
                 if cutlass.const_expr(self.group > 1):
-                    tQgQ_m = epilogue.shifted(tQgQ_m, self.rows.offset(
+                    tQgQ_m = shifted(tQgQ_m, self.rows.offset(
                         row, row - m_block * bm, mQ.stride[1], mQ.stride[2]))
                 self._copy_row(g2s, tQgQ_m, tQsQ[None, m, None], tQcQ[None, m, None])
             else:
@@ -223,8 +237,7 @@ class FlashFwdSm80(FlashFwdBase):
                                   n_block_max - 1 - stage, seqlen.seqlen_k, True)
                 cute.arch.cp_async_commit_group()
 
-        ctx = self._context(thr, m_block, seqlen, causal_offset, n_block_max, loads,
-                            n_block_min, n_block_total, warp)
+        ctx = self._context(thr, m_block, seqlen, keys, loads, warp, softcap_scale)
         self._rounds(ctx)
         scratch = None
         if cutlass.const_expr(cfg.warps_split_keys):
@@ -274,7 +287,7 @@ class FlashFwdSm80(FlashFwdBase):
         key = n_block * self.cfg.block_n + row
         page = ld.paged.page_table[key // self.page_size]
         slot = key % self.page_size
-        return epilogue.shifted(tXgX[None, m, None], page * ld.paged.stride_page
+        return shifted(tXgX[None, m, None], page * ld.paged.stride_page
                                 + (slot - row) * ld.paged.stride_row)
 
     # ---- the round's hooks (fwd_base.FlashFwdBase._round) ----

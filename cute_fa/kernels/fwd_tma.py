@@ -35,12 +35,12 @@ import cutlass.memory
 from cutlass.cute.nvgpu import cpasync
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ..backends import TmaKey
 from ..layouts import ring, smem, tma
 from .fwd_base import FlashFwdBase, RoundContext, RoundSlot
 from .gemm import gemm_ldmatrix
-from .softmax import LOG2_E
 from .thread_mma import thread_mma
 from .work import SeqlenInfo
 
@@ -79,7 +79,13 @@ class FlashFwdTma(FlashFwdBase):
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
                  mLSE: cute.Tensor, softmax_scale: cutlass.Float32, causal_offset: cutlass.Int32,
-                 write_lse: cutlass.Int32, stream):
+                 write_lse: cutlass.Int32, window_left: cutlass.Int32,
+                 window_right: cutlass.Int32, softcap: cutlass.Float32,
+                 mCuSeqlensQ: cute.Tensor, mCuSeqlensK: cute.Tensor, max_seqlen_q: cutlass.Int32,
+                 mSeqUsedK: cute.Tensor, mPageTable: cute.Tensor, num_splits: cutlass.Int32,
+                 stream):
+        """The decode arguments (seqused_k, page_table, num_splits) are the cp.async kernel's;
+        this one takes them to share its argument list, and `interface` never sets them."""
         cfg = self.cfg
         tma_atom_Q, tma_Q = tma.tma_load(cfg, "Q", tma.tma_view(mQ))
         tma_atom_K, tma_K = tma.tma_load(cfg, "K", tma.tma_view(mK))
@@ -87,10 +93,19 @@ class FlashFwdTma(FlashFwdBase):
         sQ_layout = smem.smem_layout_q(cfg)
         sKV_layout = smem.smem_layout_kv(cfg, self.kv_stages)
         Storage = smem.shared_storage(cfg, self.kv_stages)
-        grid = self.scheduler.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0])
+        cu_q = mCuSeqlensQ if cutlass.const_expr(self.varlen_q) else None
+        cu_k = mCuSeqlensK if cutlass.const_expr(self.varlen_k) else None
+        left = window_left if cutlass.const_expr(self.local) else None
+        right = window_right if cutlass.const_expr(self.local) else None
+        scale_log2, softcap_scale = self._scales(softmax_scale, softcap)
+        if cutlass.const_expr(self.varlen_q):
+            grid = self.scheduler.grid(max_seqlen_q, mQ.shape[2], mCuSeqlensQ.shape[0] - 1)
+        else:
+            grid = self.scheduler.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0])
         self._launch(self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO,
-                                 mLSE, softmax_scale * LOG2_E, causal_offset, write_lse,
-                                 sQ_layout, sKV_layout, Storage),
+                                 mLSE, scale_log2, causal_offset, write_lse,
+                                 sQ_layout, sKV_layout, Storage, cu_q, cu_k, left, right,
+                                 softcap_scale),
                      grid, Storage, stream)
 
     @cute.kernel
@@ -99,14 +114,28 @@ class FlashFwdTma(FlashFwdBase):
                mO: cute.Tensor, mLSE: cute.Tensor, scale_log2: cutlass.Float32,
                causal_offset: cutlass.Int32, write_lse: cutlass.Int32,
                sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
-               Storage: cutlass.Constexpr):
+               Storage: cutlass.Constexpr, mCuSeqlensQ: Optional[cute.Tensor],
+               mCuSeqlensK: Optional[cute.Tensor], window_left: Optional[cutlass.Int32],
+               window_right: Optional[cutlass.Int32], softcap_scale: Optional[cutlass.Float32]):
         cfg = self.cfg
         stages = self.kv_stages
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
         # TMA order: (seqlen, head_dim, heads, batch)
-        seqlen = SeqlenInfo(tma_Q.shape[0], tma_K.shape[0])
-        tile, n_block_max = self._work(tma_Q.shape[2], tma_K.shape[2], seqlen, causal_offset)
+        if cutlass.const_expr(not (self.varlen_q or self.varlen_k or self.local)):
+            seqlen = SeqlenInfo(tma_Q.shape[0], tma_K.shape[0])
+            tile, keys = self._work(tma_Q.shape[2], tma_K.shape[2], seqlen, causal_offset)
+        else:
+            tile = self.scheduler.tile(tma_Q.shape[2], tma_K.shape[2])
+            seqlen = SeqlenInfo.of(tile.batch, tma_Q.shape[0], tma_K.shape[0], mCuSeqlensQ,
+                                   mCuSeqlensK)
+            if cutlass.const_expr(self.varlen_q or self.varlen_k):
+                causal_offset = seqlen.seqlen_k - seqlen.seqlen_q  # bottom-right, per entry
+            keys = self._key_range(tile, seqlen, causal_offset, window_left, window_right)
+        n_block_max = keys.n_block_max
+        n_rounds = n_block_max
+        if cutlass.const_expr(self.local):
+            n_rounds = n_block_max - keys.n_block_min
         m_block, head, batch, head_kv = tile.m_block, tile.head, tile.batch, tile.head_kv
 
         storage = cutlass.memory.SmemAllocator().allocate(Storage)
@@ -123,9 +152,12 @@ class FlashFwdTma(FlashFwdBase):
         sK_tma = storage.sK.get_tensor(tma.tma_smem_layout(cfg, "K", stages))
         sV_tma = storage.sV.get_tensor(tma.tma_smem_layout(cfg, "V", stages))
 
-        gQ = cute.local_tile(tma_Q[None, None, head, batch], (bm, dp), (m_block, 0))
-        gK = cute.local_tile(tma_K[None, None, head_kv, batch], (bn, dp), (None, 0))
-        gV = cute.local_tile(tma_V[None, None, head_kv, batch], (bn, dp), (None, 0))
+        gQ = cute.local_tile(self._entry_coords(tma_Q, batch, head, seqlen.offset_q), (bm, dp),
+                             (m_block, 0))
+        gK = cute.local_tile(self._entry_coords(tma_K, batch, head_kv, seqlen.offset_k),
+                             (bn, dp), (None, 0))
+        gV = cute.local_tile(self._entry_coords(tma_V, batch, head_kv, seqlen.offset_k),
+                             (bn, dp), (None, 0))
         one_cta = cute.make_layout(1)
         tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one_cta, cute.group_modes(sQ_tma, 0, 2),
                                            cute.group_modes(gQ, 0, 2))
@@ -160,7 +192,7 @@ class FlashFwdTma(FlashFwdBase):
                 cute.arch.mbarrier_arrive_and_expect_tx(bar_Q, box_Q.tile_bytes)
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=bar_Q)
             for i in cutlass.range_constexpr(stages):
-                if i < n_block_max:
+                if i < n_rounds:
                     self._load_kv(loads, i, n_block_max - 1 - i)
 
         thr = thread_mma(cfg, tidx, sQ, sK, sVt, sK[None, None, 0], sVt[None, None, 0],
@@ -170,9 +202,19 @@ class FlashFwdTma(FlashFwdBase):
         # buffer for O, so that no TMA write can land on top of O
         cute.arch.mbarrier_wait(bar_Q, 0)
 
-        ctx = self._context(thr, m_block, seqlen, causal_offset, n_block_max, loads)
+        ctx = self._context(thr, m_block, seqlen, keys, loads, softcap_scale=softcap_scale)
         self._rounds(ctx)
         self._epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx)
+
+    @staticmethod
+    def _entry_coords(tma_X: cute.Tensor, batch, head, offset):
+        """The (seqlen, head_dim) TMA coordinates of one batch entry's rows of `head`; in a
+        ragged batch, those of the packed (total, ...) tensor from the entry's first row. Its
+        tiles may run into the next entry's rows: those are read but masked (K), multiplied
+        by zero weights (V) or not stored (Q's rows past the entry)."""
+        if offset is None:
+            return tma_X[None, None, head, batch]
+        return cute.domain_offset((offset, 0), tma_X[None, None, head, 0])
 
     @cute.jit
     def _load_kv(self, ld: TmaLoads, round_index, n_block):
@@ -217,6 +259,9 @@ class FlashFwdTma(FlashFwdBase):
         """This thread is done with the stage; once every thread is, warp 0 refills it."""
         cute.arch.mbarrier_arrive(ctx.loads.bar_E + slot.stage)
         if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
-            if slot.i + self.kv_stages < ctx.n_block_max:
+            n_rounds = ctx.n_block_max
+            if cutlass.const_expr(self.local):
+                n_rounds = ctx.n_block_max - ctx.n_block_min
+            if slot.i + self.kv_stages < n_rounds:
                 cute.arch.mbarrier_wait(ctx.loads.bar_E + slot.stage, slot.phase)
                 self._load_kv(ctx.loads, slot.i + self.kv_stages, slot.n_block - self.kv_stages)

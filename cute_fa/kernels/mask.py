@@ -1,22 +1,23 @@
-"""Where the causal mask and the sequence tail are applied to a round's scores.
+"""The score transforms between S = Q K^T and the softmax: the softcap, and the mask (the
+causal edge, a sliding window's lower edge and the sequence tail).
 
 The rule of which key a query sees is `cute_fa.visibility` (shared with the reference and the
-introspection); this module applies it to the S accumulator. It is the one score transform
-between S = Q K^T and the softmax; another (a softcap, a window's lower edge) goes beside it.
+introspection); `apply_mask` applies it to the S accumulator.
 """
 
 import cutlass
 import cutlass.cute as cute
 
-from ..visibility import last_visible_key
+from ..visibility import first_visible_key, last_visible_key
 from .work import QueryRows
 
 
 @cute.jit
 def apply_mask(acc_S_mn: cute.Tensor, row_offsets: cutlass.Constexpr, col_offsets: cutlass.Constexpr,
                query0, key0, seqlen_k, causal_offset, causal: cutlass.Constexpr,
-               group: cutlass.Constexpr = 1):
-    """Set to -inf every score whose key is past seqlen_k or, if causal, in the future.
+               group: cutlass.Constexpr = 1, window_offset=None):
+    """Set to -inf every score whose key is past seqlen_k, if causal in the future (past
+    query + causal_offset), or with a window_offset before query + window_offset.
 
     acc_S_mn is the S accumulator's (row, col) register view; the score in (r, c) is
     query query0 + row_offsets[r] against key key0 + col_offsets[c], the offsets being
@@ -32,6 +33,24 @@ def apply_mask(acc_S_mn: cute.Tensor, row_offsets: cutlass.Constexpr, col_offset
             limit = cutlass.min(
                 last_visible_key(QueryRows(group).query(query0 + row_offsets[r]), causal_offset)
                 - key0, limit_past_end)
-        for c in cutlass.range_constexpr(len(col_offsets)):
-            if col_offsets[c] > limit:
-                acc_S_mn[r, c] = -cutlass.Float32.inf
+        if cutlass.const_expr(window_offset is None):
+            for c in cutlass.range_constexpr(len(col_offsets)):
+                if col_offsets[c] > limit:
+                    acc_S_mn[r, c] = -cutlass.Float32.inf
+        else:
+            low = first_visible_key(QueryRows(group).query(query0 + row_offsets[r]),
+                                    window_offset) - key0
+            for c in cutlass.range_constexpr(len(col_offsets)):
+                if col_offsets[c] > limit:
+                    acc_S_mn[r, c] = -cutlass.Float32.inf
+                if col_offsets[c] < low:
+                    acc_S_mn[r, c] = -cutlass.Float32.inf
+
+
+@cute.jit
+def apply_softcap(acc_S: cute.Tensor, pre_scale):
+    """Scores -> tanh(S * softmax_scale / softcap), in place; the softmax's scale is then
+    softcap * log2(e), so its weights are exp(softcap * tanh(S * softmax_scale / softcap) -
+    max): flash-attn's and Gemma 2's softcap. Before the mask, whose -inf tanh would undo."""
+    for i in cutlass.range_constexpr(cute.size(acc_S)):
+        acc_S[i] = cute.math.tanh(acc_S[i] * pre_scale, fastmath=True)

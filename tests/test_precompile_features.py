@@ -1,0 +1,70 @@
+"""precompile(varlen=True, windows=True, softcap=True) compiles the kernels that calls with a
+ragged batch, a sliding window or a softcap then use: the keys `forward` and `forward_varlen`
+ask the compiler for (recorded instead of compiled; the GPU's arch, SM count and the launch
+stood in) are all among precompile's, and without the flags they are not."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cute_fa  # noqa: E402
+from cute_fa import _precompile, compiler, interface  # noqa: E402
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    keys = []
+    held = (torch.empty(1, 1, 1), torch.zeros(1, dtype=torch.int32),
+            torch.zeros(1, 1, dtype=torch.int32))
+    for module in (compiler, interface, _precompile):
+        monkeypatch.setattr(module, "get_kernel", lambda key: keys.append(key) or key)
+    monkeypatch.setattr(interface, "_arch", lambda device_index: "sm_90a")
+    monkeypatch.setattr(interface, "_num_sms", lambda device_index: 132)
+    monkeypatch.setattr(interface, "_check_device", lambda *a: None)
+    monkeypatch.setattr(interface, "_placeholders", lambda device_index: held)
+    monkeypatch.setattr(interface, "_launch", lambda *a: None)
+    compiler.memory_cache.clear()
+    yield keys
+    compiler.memory_cache.clear()
+
+
+def _calls():
+    bf16 = torch.bfloat16
+    q = torch.randn(2, 300, 32, 128, dtype=bf16)
+    k = torch.randn(2, 300, 8, 128, dtype=bf16)
+    cute_fa.forward(q, k, k, causal=True, window_size=(255, 0))
+    cute_fa.forward(q, k, k, causal=True, softcap=30.0, window_size=(255, 0))
+    cute_fa.forward(q[:, :1], k, k, causal=True, window_size=(63, 0), softcap=30.0)  # decode
+    lens = torch.tensor([0, 100, 200], dtype=torch.int32)
+    cute_fa.forward_varlen(q[0], k[0], k[0], lens, lens, 100, 100, causal=True)
+    cute_fa.forward_varlen(q[0], k[0], k[0], lens, lens, 100, 100, causal=True,
+                           window_size=(31, 0), softcap=5.0)
+    pages = torch.randn(8, 64, 8, 128, dtype=bf16)
+    cute_fa.forward_varlen(q[0], pages, pages, lens, None, 100, 256, causal=True,
+                           page_table=torch.zeros(2, 4, dtype=torch.int32),
+                           seqused_k=torch.tensor([50, 256], dtype=torch.int32))
+
+
+def test_feature_calls_use_only_precompiled_kernels(recorded):
+    keys = set(cute_fa.precompile(head_dims=128, dtypes="bfloat16", causal=True, arch="sm_90a",
+                                  decode_groups=4, page_sizes=64, varlen=True, windows=True,
+                                  softcap=True))
+    recorded.clear()
+    _calls()
+    asked = set(recorded)
+    assert any(k.local and k.softcap for k in asked) and any(k.varlen_q for k in asked)
+    assert asked <= keys, asked - keys
+
+
+def test_without_the_flags_they_are_not_compiled(recorded):
+    keys = set(cute_fa.precompile(head_dims=128, dtypes="bfloat16", causal=True, arch="sm_90a",
+                                  decode_groups=4, page_sizes=64))
+    assert not any(k.local or k.softcap or k.varlen_q for k in keys if hasattr(k, "tile"))
+    recorded.clear()
+    _calls()
+    assert not set(recorded) <= keys
+
+
+def test_flags_must_be_bools():
+    with pytest.raises(TypeError, match="windows must be a bool"):
+        cute_fa.precompile(head_dims=128, arch="sm_90a", windows=1)

@@ -1,0 +1,243 @@
+"""forward_varlen, window_size and softcap on the CPU: bad input is refused by name before any
+launch (a valid call stops at the device check, as every CPU call does), and a valid call hands
+the kernel the arguments and key fields the registry lists (the compiler and launch stood in).
+"""
+
+import math
+from contextlib import contextmanager
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cute_fa  # noqa: E402
+from cute_fa import compiler, interface  # noqa: E402
+from cute_fa.backends import backend_of  # noqa: E402
+from cute_fa.visibility import key_visible  # noqa: E402
+
+DEVICE = "must be on a CUDA device"
+
+
+@contextmanager
+def refused(exc, name):
+    with pytest.raises(exc, match=name) as info:
+        yield
+    assert "unexpected keyword argument" not in str(info.value), str(info.value)
+
+
+def ragged(lens_q=(3, 0, 17), lens_k=None, hq=8, hk=2, d=64, dtype=torch.bfloat16):
+    lens_k = lens_k or lens_q
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32)
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32)
+    q = torch.randn(int(cu_q[-1]), hq, d, dtype=dtype)
+    k = torch.randn(max(int(cu_k[-1]), 1), hk, d, dtype=dtype)
+    v = torch.randn_like(k)
+    return q, k, v, cu_q, cu_k, max(lens_q), max(lens_k)
+
+
+# --- the visibility rule, written out by hand for small cases ---------------------------------
+
+def test_window_visibility_by_hand():
+    # Sq = Sk = 6, causal_offset 0: query 3 with window (2, 1) sees keys 1, 2, 3, 4
+    seen = [k for k in range(6) if key_visible(3, k, causal=False, window_size=(2, 1))]
+    assert seen == [1, 2, 3, 4]
+    # causal forces the right side to 0: keys 1, 2, 3
+    assert [k for k in range(6) if key_visible(3, k, causal=True, window_size=(2, 1))] == [1, 2, 3]
+    # bottom-right (Sk - Sq = 4): query 0 with window (1, -1) sees keys 3 ... 5
+    assert [k for k in range(6)
+            if key_visible(0, k, causal=False, causal_offset=4, window_size=(1, -1))] == [3, 4, 5]
+    assert all(key_visible(0, k, causal=False) for k in range(6))
+
+
+# --- argument errors --------------------------------------------------------------------------
+
+def test_valid_varlen_calls_reach_device_check():
+    q, k, v, cu_q, cu_k, mq, mk = ragged()
+    with refused(ValueError, DEVICE):
+        cute_fa.forward_varlen(q, k, v, cu_q, cu_k, mq, mk, causal=True)
+    with refused(ValueError, DEVICE):
+        cute_fa.forward_varlen(q, k, v, cu_q, cu_k, mq, mk, window_size=(16, 0), softcap=30.0,
+                               return_lse=True, out=torch.empty_like(q))
+    pages = torch.randn(4, 64, 2, 64, dtype=torch.bfloat16)
+    table = torch.zeros(3, 2, dtype=torch.int32)
+    with refused(ValueError, DEVICE):
+        cute_fa.forward_varlen(q, pages, pages, cu_q, None, mq, 128, causal=True,
+                               page_table=table, seqused_k=torch.tensor([3, 0, 100],
+                                                                        dtype=torch.int32))
+
+
+@pytest.mark.parametrize("change, exc, match", [
+    (dict(q=lambda q: q[None]), ValueError, "q must be 3-D"),
+    (dict(q=lambda q: q.float()), TypeError, "q must be float16 or bfloat16"),
+    (dict(cu_q=lambda c: c.long()), TypeError, "cu_seqlens_q must be an int32 tensor"),
+    (dict(cu_q=lambda c: c[:1]), ValueError, r"cu_seqlens_q must have shape \(batch \+ 1,\)"),
+    (dict(cu_k=lambda c: c[:-1]), ValueError, r"cu_seqlens_k must have shape .*like cu_seqlens_q"),
+    (dict(cu_k=lambda c: None), ValueError, "cu_seqlens_k may be None only with a page_table"),
+    (dict(mq=lambda m: 3.0), TypeError, "max_seqlen_q must be an int"),
+    (dict(mk=lambda m: -1), ValueError, "max_seqlen_k must be >= 0"),
+    (dict(k=lambda k: k[..., :32]), ValueError, "k must have shape"),
+    (dict(k=lambda k: k[:, :1].expand(-1, 3, -1)), ValueError, "multiple of the number"),
+])
+def test_bad_varlen_arguments(change, exc, match):
+    q, k, v, cu_q, cu_k, mq, mk = ragged()
+    args = dict(q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, mq=mq, mk=mk)
+    for name, fn in change.items():
+        args[name] = fn(args[name])
+    if "k" in change:
+        args["v"] = args["k"]
+    out = torch.full_like(q, 7.0)
+    with refused(exc, match):
+        cute_fa.forward_varlen(args["q"], args["k"], args["v"], args["cu_q"], args["cu_k"],
+                               args["mq"], args["mk"], out=out if "q" not in change else None)
+    assert (out == 7.0).all()
+
+
+@pytest.mark.parametrize("kwargs, exc, match", [
+    (dict(window_size=(4,)), TypeError, "window_size must be a pair of ints"),
+    (dict(window_size=(4.0, 0)), TypeError, "window_size must be a pair of ints"),
+    (dict(window_size=(-2, 0)), ValueError, "window_size sides must be -1"),
+    (dict(softcap=-1.0), ValueError, "softcap must be a finite float >= 0"),
+    (dict(softcap=float("inf")), ValueError, "softcap must be a finite float >= 0"),
+    (dict(softcap=True), ValueError, "softcap must be a finite float >= 0"),
+])
+def test_bad_window_and_softcap(kwargs, exc, match):
+    q = torch.randn(1, 8, 4, 64, dtype=torch.float16)
+    k = torch.randn(1, 8, 2, 64, dtype=torch.float16)
+    with refused(exc, match):
+        cute_fa.forward(q, k, k, **kwargs)
+    qv, kv, vv, cu_q, cu_k, mq, mk = ragged()
+    with refused(exc, match):
+        cute_fa.forward_varlen(qv, kv, vv, cu_q, cu_k, mq, mk, **kwargs)
+
+
+def test_valid_window_and_softcap_reach_device_check():
+    q = torch.randn(1, 8, 4, 64, dtype=torch.float16)
+    k = torch.randn(1, 8, 2, 64, dtype=torch.float16)
+    for kwargs in (dict(window_size=(4, 0)), dict(window_size=[-1, 3]), dict(softcap=50),
+                   dict(window_size=(4, -1), causal=True, softcap=0.5)):
+        with refused(ValueError, DEVICE):
+            cute_fa.forward(q, k, k, **kwargs)
+
+
+# --- what reaches the kernel ------------------------------------------------------------------
+
+@pytest.fixture
+def launches(monkeypatch):
+    held = (torch.empty(1, 1, 1), torch.zeros(1, dtype=torch.int32),
+            torch.zeros(1, 1, dtype=torch.int32))
+    recorded = []
+    monkeypatch.setattr(interface, "_check_device", lambda *a: None)
+    monkeypatch.setattr(interface, "_arch", lambda device_index: "sm_90a")
+    monkeypatch.setattr(interface, "_num_sms", lambda device_index: 132)
+    monkeypatch.setattr(interface, "get_kernel", lambda key: key)
+    monkeypatch.setattr(interface, "_placeholders", lambda device_index: held)
+    monkeypatch.setattr(interface, "_launch",
+                        lambda device_index, kernel, args: recorded.append((kernel, args)))
+    compiler.memory_cache.clear()
+    yield recorded, held
+    compiler.memory_cache.clear()
+
+
+def _named(key, args) -> dict:
+    names = [name for name, _ in backend_of(key).arguments]
+    assert len(args) == len(names), (key, len(args), names)
+    return dict(zip(names, args))
+
+
+@pytest.mark.parametrize("backend", ["sm80", "tma", "auto"])
+def test_varlen_launch(launches, backend):
+    recorded, held = launches
+    q, k, v, cu_q, cu_k, mq, mk = ragged(lens_q=(3, 0, 17), lens_k=(5, 9, 17))
+    out, lse = cute_fa.forward_varlen(q, k, v, cu_q, cu_k, mq, mk, causal=True,
+                                      return_lse=True, backend=backend)
+    (key, args), = recorded
+    named = _named(key, args)
+    assert key.varlen_q and key.varlen_k and key.causal and not key.local and not key.softcap
+    assert key.backend == ("tma" if backend == "auto" else backend)  # auto: sm_90a's table
+    # (1, total, heads, head_dim) views of the caller's tensors, no copies
+    assert named["q"].shape == (1,) + q.shape and named["q"].data_ptr() == q.data_ptr()
+    assert named["k"].shape == (1,) + k.shape and named["k"].data_ptr() == k.data_ptr()
+    assert named["out"].data_ptr() == out.data_ptr() and out.shape == q.shape
+    assert named["lse"].shape == (1, 8, 20) and lse.shape == (8, 20)
+    assert named["cu_seqlens_q"] is cu_q and named["cu_seqlens_k"] is cu_k
+    assert named["max_seqlen_q"] == 17 and named["write_lse"] == 1
+    assert named["seqused_k"] is held[1] and named["page_table"] is held[2]
+    assert named["num_splits"] == 1
+
+
+def test_varlen_paged_launch(launches):
+    recorded, held = launches
+    q, _, _, cu_q, _, mq, _ = ragged()
+    pages = torch.randn(4, 64, 2, 64, dtype=torch.bfloat16)
+    table = torch.zeros(3, 2, dtype=torch.int32)
+    used = torch.tensor([3, 0, 100], dtype=torch.int32)
+    cute_fa.forward_varlen(q, pages, pages, cu_q, None, mq, 128, causal=True, page_table=table,
+                           seqused_k=used)
+    (key, args), = recorded
+    named = _named(key, args)
+    assert key.backend == "sm80" and key.varlen_q and not key.varlen_k
+    assert key.page_size == 64 and key.seqused_k and key.pack_gqa == 1 and not key.split_kv
+    assert named["k"] is pages and named["page_table"] is table and named["seqused_k"] is used
+
+
+def test_causal_window_ends_at_the_diagonal(launches):
+    """causal=True with a window whose right side is open: the keys both allow (right = 0)."""
+    recorded, _ = launches
+    q = torch.randn(1, 64, 4, 64, dtype=torch.bfloat16)
+    for window in ((16, 16), (16, -1), (16, 0)):
+        recorded.clear()
+        cute_fa.forward(q, q[:, :, :2], q[:, :, :2], causal=True, window_size=window)
+        (key, args), = recorded
+        named = _named(key, args)
+        assert key.causal and key.local and named["window_left"] == 16
+        assert named["window_right"] == 0
+
+
+def test_window_and_softcap_launch(launches):
+    recorded, _ = launches
+    q = torch.randn(2, 300, 8, 128, dtype=torch.bfloat16)
+    k = torch.randn(2, 500, 2, 128, dtype=torch.bfloat16)
+    cases = [  # (kwargs, key causal, key local, window_left, window_right)
+        (dict(causal=True, window_size=(64, -1)), True, True, 64, 0),
+        (dict(window_size=(-1, 0)), True, False, None, 0),  # right = 0 is causal
+        (dict(window_size=(32, 16)), True, True, 32, 16),
+        (dict(window_size=(32, -1)), False, True, 32, None),
+        (dict(window_size=(-1, 16)), True, True, None, 16),  # only the upper edge moved
+    ]
+    for kwargs, causal, local, left, right in cases:
+        recorded.clear()
+        cute_fa.forward(q, k, k, softcap=20.0, **kwargs)
+        (key, args), = recorded
+        named = _named(key, args)
+        assert (key.causal, key.local, key.softcap) == (causal, local, True), kwargs
+        assert named["softcap"] == 20.0 and named["causal_offset"] == 200
+        if left is not None:
+            assert named["window_left"] == left
+        elif local:  # unbounded left side: an edge left of every key
+            assert named["window_left"] + 500 < 0 or named["window_left"] > 500 + 300
+        if right is not None and local:
+            assert named["window_right"] == right
+
+
+def test_decode_window_splits_by_window(launches):
+    """A sliding window at decode: the split count comes from the window's keys, not the
+    cache's (a 32k cache with a 1k window reads 1k keys)."""
+    recorded, _ = launches
+    q = torch.randn(1, 1, 32, 128, dtype=torch.bfloat16)
+    k = torch.randn(1, 32768, 8, 128, dtype=torch.bfloat16)
+    cute_fa.forward(q, k, k, causal=True)
+    full = _named(*recorded[0])["num_splits"]
+    recorded.clear()
+    cute_fa.forward(q, k, k, causal=True, window_size=(1023, 0))
+    key, args = recorded[0]
+    windowed = _named(key, args)["num_splits"]
+    assert key.local and key.pack_gqa == 4
+    assert 1 <= windowed < full
+    assert math.ceil(1024 / key.tile.block_n) >= 4 * (windowed if windowed > 1 else 0)
+
+
+def test_empty_varlen_batch_launches_nothing(launches):
+    recorded, _ = launches
+    q, k, v, cu_q, cu_k, _, mk = ragged(lens_q=(0, 0), lens_k=(4, 4))
+    out, lse = cute_fa.forward_varlen(q, k, v, cu_q, cu_k, 0, mk, return_lse=True)
+    assert recorded == [] and out.shape == (0, 8, 64) and lse.shape == (8, 0)
