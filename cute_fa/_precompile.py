@@ -102,6 +102,9 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
                        varlen=ragged)
             for head_dim, dtype, is_causal, (local, cap, ragged) in itertools.product(
                 head_dims, dtypes, causal, features)]
+    # causal calls too small to fill the GPU once take another tile (tuning.SMALL_GRID_TILES)
+    keys += [kernel_key(arch, dtype, head_dim, True, backend, small_grid=True)
+             for head_dim, dtype in itertools.product(head_dims, dtypes) if True in causal]
     # every decode tile a call of 1..DECODE_MAX_SEQLEN_Q queries can take: one query length per
     # class of packed rows (queries x group; tuning.decode_rows_class)
     decode_features = sorted({(local, cap) for local, cap, _ in features})
@@ -114,14 +117,17 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
             keys.append(decode_key(arch, dtype, head_dim, is_causal, seqlen_q=seqlen_q,
                                    group=group, page_size=page_size, seqused_k=seqused_k,
                                    split_kv=split_kv, local=local, softcap=cap))
-    if varlen:  # forward_varlen against a paged cache (queries ragged, keys in pages)
-        for head_dim, dtype, is_causal, page_size, seqused_k, (local, cap) in \
-                itertools.product(head_dims, dtypes, causal, page_sizes, (False, True),
-                                  decode_features):
+    if varlen:  # forward_varlen with seqused_k or a paged cache (given cu_seqlens_k or not)
+        for head_dim, dtype, is_causal, page_size, seqused_k, ragged_k, (local, cap) in \
+                itertools.product(head_dims, dtypes, causal, (0,) + page_sizes, (False, True),
+                                  (False, True), decode_features):
+            if page_size == 0 and not (seqused_k and ragged_k):
+                continue  # without a cache: kernel_key's varlen kernel, above
             keys.append(decode_key(arch, dtype, head_dim, is_causal,
                                    seqlen_q=DECODE_MAX_SEQLEN_Q + 1, group=1,
                                    page_size=page_size, seqused_k=seqused_k, split_kv=False,
-                                   local=local, softcap=cap, varlen_q=True))
+                                   local=local, softcap=cap, varlen_q=True,
+                                   varlen_k=ragged_k))
     if decode_groups:
         keys += [MergeKey(arch, head_dim, "float32", dtype)
                  for head_dim, dtype in itertools.product(head_dims, dtypes)]

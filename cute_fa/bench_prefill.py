@@ -65,11 +65,12 @@ def _dense_methods(torch) -> dict:
     fa4 = _fa4()
     if fa4:
         methods["flash_attn_4"] = lambda q, k, v, c: fa4[0](q, k, v, causal=c)
-    # the scheduling A/B: causal query blocks longest first across heads, per backend
-    methods["cute_fa_lpt"] = lambda q, k, v, c, f=_variant(torch, "tma", True, lpt=True): \
+    # the scheduling A/B: the causal kernels without their longest-first order across heads
+    # (and without the small-grid tile), per backend
+    methods["cute_fa_nolpt"] = lambda q, k, v, c, f=_variant(torch, "tma", True, lpt=False): \
         f(q, k, v)
-    methods["cute_fa_sm80_lpt"] = lambda q, k, v, c, f=_variant(torch, "sm80", True, lpt=True): \
-        f(q, k, v)
+    methods["cute_fa_sm80_nolpt"] = lambda q, k, v, c, f=_variant(torch, "sm80", True,
+                                                                   lpt=False): f(q, k, v)
     return methods
 
 
@@ -84,10 +85,9 @@ def _fa4():
 
 
 def _variant(torch, backend: str, causal: bool, *, varlen: bool = False, window=None,
-             plain_tile: bool = False, **changes):
+             **changes):
     """A call of one kernel variant the public API does not pick (for the A/B rows): the key
-    `forward` would build for `backend`, with its fields `changes` replaced, or with the plain
-    kernel's tile (`plain_tile`: the tile before tuning.FEATURE_TILES). Returns
+    `forward` would build for `backend`, with its fields `changes` replaced. Returns
     fn(q, k, v[, cu_seqlens, max_seqlen_q]) in forward's (varlen: forward_varlen's) layout."""
     import dataclasses
     import math
@@ -105,13 +105,6 @@ def _variant(torch, backend: str, causal: bool, *, varlen: bool = False, window=
         if d not in cache:
             key = kernel_key(arch, interface._DTYPE_NAMES[q.dtype], d, features.causal, backend,
                              local=features.local, varlen=varlen)
-            if plain_tile:
-                plain = kernel_key(arch, interface._DTYPE_NAMES[q.dtype], d, features.causal,
-                                   backend)
-                changes_all = dict(tile=plain.tile, ctas_per_sm=plain.ctas_per_sm)
-                if backend == "tma":
-                    changes_all["kv_stages"] = plain.kv_stages
-                key = dataclasses.replace(key, **changes_all)
             cache[d] = get_kernel(dataclasses.replace(key, **changes))
         out = torch.empty_like(q)
         if varlen:
@@ -176,7 +169,7 @@ def small_results(torch) -> list:
             q, k, v = (_randn(torch, b, s, h, d, gen=gen) for _ in range(3))
             row = dict(kind="large", batch=b, seqlen=s, heads_q=h, heads_kv=h, head_dim=d)
             fns = {n: (lambda f=methods[n]: f(q, k, v, True))
-                   for n in ("cute_fa", "cute_fa_sm80", "cute_fa_lpt", "cute_fa_sm80_lpt")}
+                   for n in ("cute_fa", "cute_fa_sm80", "cute_fa_nolpt", "cute_fa_sm80_nolpt")}
             rows.append(_timed(torch, fns, row, 2 * b * h * s * s * d))
             print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -209,14 +202,8 @@ def varlen_results(torch) -> list:
            "sdpa_default_padded": lambda: _sdpa(torch)(*padded, True),
            "sdpa_flash_padded": lambda: _sdpa(torch, SDPBackend.FLASH_ATTENTION)(*padded, True),
            "sdpa_cudnn_padded": lambda: _sdpa(torch, SDPBackend.CUDNN_ATTENTION)(*padded, True)}
-    for name, backend, lpt in (("cute_fa_plain_tile", "tma", False),
-                               ("cute_fa_plain_tile_lpt", "tma", True),
-                               ("cute_fa_lpt", "tma", "feature")):
-        if lpt == "feature":
-            f = _variant(torch, backend, True, varlen=True, lpt=True)
-        else:
-            f = _variant(torch, backend, True, varlen=True, plain_tile=True, lpt=lpt)
-        fns[name] = lambda f=f: f(q, k, v, cu, longest)
+    nolpt = _variant(torch, "tma", True, varlen=True, lpt=False)
+    fns["cute_fa_nolpt"] = lambda: nolpt(q, k, v, cu, longest)
     fa4 = _fa4()
     if fa4:
         fns["flash_attn_4"] = lambda: fa4[1](q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
@@ -262,9 +249,6 @@ def window_results(torch) -> list:
                "cute_fa_sm80": lambda size=size: cute_fa.forward(q, k, v, causal=True,
                                                                  window_size=size,
                                                                  backend="sm80")}
-        if window is not None:
-            plain = _variant(torch, "tma", True, window=size, plain_tile=True)
-            fns["cute_fa_plain_tile"] = lambda f=plain: f(q, k, v)
         if fa4:
             fns["flash_attn_4"] = lambda size=size: fa4[0](q, k, v, causal=True,
                                                            window_size=size)
@@ -338,7 +322,7 @@ def prefill_markdown(result: dict) -> str:
     for r in rows:
         if r["kind"] == "large" and r.get("cute_fa"):
             large.setdefault(r["head_dim"], []).append(r["cute_fa"])
-    names = [n for n in ("cute_fa", "cute_fa_lpt", "cute_fa_sm80", "cute_fa_sm80_lpt",
+    names = [n for n in ("cute_fa", "cute_fa_nolpt", "cute_fa_sm80", "cute_fa_sm80_nolpt",
                          "sdpa_default", "sdpa_flash", "sdpa_cudnn", "flash_attn_4")
              if any(n in r for r in small)]
     lines += ["## Small-batch causal prefill (GQA)", "",

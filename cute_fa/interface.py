@@ -19,9 +19,10 @@ from .compiler import get_kernel, memory_cache
 from .arch import Arch
 from .backends import MergeKey
 from .layouts.config import check_head_dim
-from .tuning import (BACKENDS, DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, MAX_SPLITS,
+from .tuning import (BACKENDS, DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, MAX_SEQLEN_Q, MAX_SPLITS,
                      check_backend, decode_ctas_per_sm, decode_key, decode_rows_class,
-                     forced_tile_arch, kernel_key, num_splits_heuristic, supported_page_size)
+                     forced_tile_arch, is_small_grid, kernel_key, num_splits_heuristic,
+                     supported_page_size)
 
 Backend = Literal["auto", "sm80", "tma"]
 
@@ -119,8 +120,13 @@ def _score_features(causal: bool, window_size, softcap) -> ScoreFeatures:
     left, right = (int(w) for w in window_size)
     if left < -1 or right < -1:
         raise ValueError(f"window_size sides must be -1 (unbounded) or >= 0, got {(left, right)}")
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or \
-            not math.isfinite(softcap) or softcap < 0:
+    # a side past any sequence is unbounded (the kernels' key offsets stay within int32)
+    left = -1 if left >= _FAR_LEFT else left
+    right = -1 if right >= _FAR_LEFT else right
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a float >= 0 (0: none), got {_type_name(softcap)} "
+                        f"{softcap!r}")
+    if not math.isfinite(softcap) or softcap < 0:
         raise ValueError(f"softcap must be a finite float >= 0 (0: none), got {softcap!r}")
     if causal:
         right = 0
@@ -167,6 +173,7 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=
     _, seqlen_k, heads_k, _ = k.shape
     if batch < 1 or seqlen_q < 1 or heads_q < 1:
         raise ValueError(f"q must have non-empty dimensions, got shape {_shown(q.shape, names)}")
+    _check_query_blocks(f"seqlen_q (q.shape[{2 if names.get('bhsd') else 1}])", seqlen_q)
     check_head_dim("head_dim (q.shape[-1])", head_dim)
     if paged:
         if k.shape[0] < 1 or k.shape[3] != head_dim or heads_k < 1:
@@ -207,6 +214,14 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=
     return device_index, features, softmax_scale, return_lse, num_splits
 
 
+def _check_query_blocks(name: str, seqlen_q: int) -> None:
+    """Causal kernels put the query blocks on the grid's y (longest first across heads), whose
+    extent is at most 65535."""
+    if seqlen_q > MAX_SEQLEN_Q:
+        raise ValueError(f"{name} must be at most {MAX_SEQLEN_Q} (65535 query blocks of 64 "
+                         f"rows), got {seqlen_q}")
+
+
 def _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse, backend) -> bool:
     """A fast yes for the common valid call; anything else goes through `_check_args`,
     which accepts the same calls and names the problem in the others."""
@@ -229,6 +244,7 @@ def _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse, backend) -> 
         return False
     batch, seqlen_q, heads_q, head_dim = qs
     if ks[0] != batch or ks[3] != head_dim or min(batch, seqlen_q, heads_q, ks[1], ks[2]) < 1 \
+            or seqlen_q > MAX_SEQLEN_Q \
             or head_dim % 8 or not 8 <= head_dim <= 256 or heads_q % ks[2]:
         return False
     tensors = (q, k, v)
@@ -287,26 +303,24 @@ def _placeholders(device_index: int) -> tuple:
 
 
 def _kernel_for(device_index: int, dtype, head_dim: int, features: ScoreFeatures, backend: str,
-                lazy_rescale: bool = True, varlen: bool = False):
+                lazy_rescale: bool = True, varlen: bool = False, small_grid: bool = False):
     """The compiled kernel for a call without decode arguments."""
     tile_arch = forced_tile_arch()
     # what a call asks for, as the in-memory cache's second index (no key to build per call)
     request = (device_index, dtype, head_dim, features.causal, features.local,
-               features.softcap > 0, varlen, backend, lazy_rescale, tile_arch)
+               features.softcap > 0, varlen, backend, lazy_rescale, tile_arch, small_grid)
     kernel = memory_cache.get(request)
     if kernel is None:
         key = kernel_key(_arch(device_index), _DTYPE_NAMES[dtype], head_dim, features.causal,
                          backend, lazy_rescale, tile_arch, local=features.local,
-                         softcap=features.softcap > 0, varlen=varlen)
+                         softcap=features.softcap > 0, varlen=varlen, small_grid=small_grid)
         kernel = memory_cache[request] = get_kernel(key)
     return kernel
 
 
-def _check_decode_args(q, seqused_k, page_table, num_splits, backend) -> int | None:
-    """The rules of the KV-cache arguments but where they live; returns num_splits as an int
-    or None. Values inside seqused_k and page_table are trusted, unless
-    CUTE_FA_CHECK_INDICES=1 asks for them to be checked (a device sync, `_check_args`)."""
-    batch = q.shape[0]
+def _check_cache_tensors(seqused_k, page_table, batch: int) -> None:
+    """seqused_k int32 (batch,) and page_table int32 (batch, pages >= 1), each None or a tensor
+    with a contiguous last dimension."""
     for name, t, rank, shape in (("seqused_k", seqused_k, 1, "(batch,)"),
                                  ("page_table", page_table, 2, "(batch, max_pages_per_seq)")):
         if t is None:
@@ -321,6 +335,14 @@ def _check_decode_args(q, seqused_k, page_table, num_splits, backend) -> int | N
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dimension, got strides "
                              f"{t.stride()}")
+
+
+def _check_decode_args(q, seqused_k, page_table, num_splits, backend) -> int | None:
+    """The rules of the KV-cache arguments but where they live; returns num_splits as an int
+    or None. Values inside seqused_k and page_table are trusted, unless
+    CUTE_FA_CHECK_INDICES=1 asks for them to be checked (a device sync, `_check_args`)."""
+    batch = q.shape[0]
+    _check_cache_tensors(seqused_k, page_table, batch)
     if num_splits is not None:
         if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
             raise TypeError(f"num_splits must be an int or None, got {_type_name(num_splits)} "
@@ -477,7 +499,10 @@ def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse, backe
         kernel, num_splits = _decode_plan(device_index, q, k, features, seqused_k, page_table,
                                           num_splits)
     else:
-        kernel = _kernel_for(device_index, q.dtype, head_dim, features, backend, lazy_rescale)
+        small = features.causal and is_small_grid(seqlen_q, heads_q, batch,
+                                                  _num_sms(device_index))
+        kernel = _kernel_for(device_index, q.dtype, head_dim, features, backend, lazy_rescale,
+                             small_grid=small)
         num_splits = 1
     if out is None:
         out = torch.empty_like(q)  # q's memory order where q is dense, else contiguous
@@ -628,6 +653,10 @@ def _check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
         _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch)
     max_seqlen_q = _as_count("max_seqlen_q", max_seqlen_q)
     _as_count("max_seqlen_k", max_seqlen_k)
+    if max_seqlen_q > q.shape[0]:
+        raise ValueError(f"max_seqlen_q ({max_seqlen_q}) must be at most the number of query "
+                         f"rows, total_q = q.shape[0] = {q.shape[0]}")
+    _check_query_blocks("max_seqlen_q", max_seqlen_q)
     if batch > 65535:
         raise ValueError(f"cu_seqlens_q holds {batch} sequences; at most 65535 (the grid's z)")
     total_q, heads_q, head_dim = q.shape
@@ -664,35 +693,27 @@ def _check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
         named += (("out", out),)
     for name, t in named:
         _check_layout(name, t)
-    for name, t, rank, shape in (("seqused_k", seqused_k, 1, "(batch,)"),
-                                 ("page_table", page_table, 2, "(batch, max_pages_per_seq)")):
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {_type_name(t)}")
-        if t.dtype != torch.int32:
-            raise TypeError(f"{name} must be an int32 tensor, got {t.dtype}")
-        if t.dim() != rank or t.shape[0] != batch or (rank == 2 and t.shape[1] < 1):
-            raise ValueError(f"{name} must have shape {shape} with batch={batch}, "
-                             f"got {tuple(t.shape)}")
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must have a contiguous last dimension, got strides "
-                             f"{t.stride()}")
+    _check_cache_tensors(seqused_k, page_table, batch)
     device_index = q.get_device()
     for name, t in named + (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
                             ("seqused_k", seqused_k), ("page_table", page_table)):
         if t is not None:
             _check_device(name, t, device_index)
     if os.environ.get("CUTE_FA_CHECK_INDICES", "") not in ("", "0"):
-        _check_varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, paged)
-        if seqused_k is not None or paged:
-            _check_index_values(k if paged else k[None], seqused_k, page_table)
+        _check_varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, paged, seqused_k,
+                             page_table)
+        if paged:
+            _check_index_values(k, seqused_k, page_table)
     return device_index, features, softmax_scale, return_lse, max_seqlen_q
 
 
-def _check_varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, paged) -> None:
+def _check_varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, paged, seqused_k,
+                         page_table) -> None:
     """CUTE_FA_CHECK_INDICES=1: cu_seqlens start at 0, never decrease and end within the
-    tensors; max_seqlen_q is at least every query length (syncs with the device)."""
+    tensors; max_seqlen_q is at least every query length; each sequence's keys (seqused_k or
+    cu_seqlens_k's lengths) lie within its own rows of k (ragged) or its pages (paged). Syncs
+    with the device."""
+    lengths_k = None
     for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]),
                             ("cu_seqlens_k", cu_seqlens_k, None if paged else k.shape[0])):
         if cu is None:
@@ -705,6 +726,16 @@ def _check_varlen_values(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, paged) 
         if name == "cu_seqlens_q" and max(lengths) > max_seqlen_q:
             raise ValueError(f"max_seqlen_q ({max_seqlen_q}) is less than the longest query "
                              f"sequence ({max(lengths)})")
+        if name == "cu_seqlens_k":
+            lengths_k = lengths
+    used = seqused_k.tolist() if seqused_k is not None else lengths_k
+    if used is None:
+        return
+    room = [page_table.shape[1] * k.shape[1]] * len(used) if paged else lengths_k
+    for b, (n, limit) in enumerate(zip(used, room)):
+        if not 0 <= n <= limit:
+            what = "its pages hold" if paged else "cu_seqlens_k gives it"
+            raise ValueError(f"sequence {b} uses {n} keys, outside 0..{limit} ({what})")
 
 
 @overload
@@ -746,9 +777,10 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     queries are rows cu_seqlens_q[b] ... cu_seqlens_q[b + 1] - 1 of q, its keys rows
     cu_seqlens_k[b] ... of k and v. cu_seqlens_q/k: int32 (batch + 1,), starting at 0;
     max_seqlen_q: at least the longest query sequence (it sizes the grid); max_seqlen_k is
-    taken for flash-attn's signature. Sequences may be empty. causal is bottom-right per
-    sequence (its last query sees its last key); window_size, softcap, softmax_scale and
-    backend are `forward`'s. Returns o (total_q, heads_q, head_dim), or (o, lse) with lse
+    taken for flash-attn's signature. Sequences may be empty; rows of q past
+    cu_seqlens_q[-1] belong to no sequence, and their rows of o are not written. causal is
+    bottom-right per sequence (its last query sees its last key); window_size, softcap,
+    softmax_scale and backend are `forward`'s. Returns o (total_q, heads_q, head_dim), or (o, lse) with lse
     float32 (heads_q, total_q).
 
     seqused_k: int32 (batch,), the keys of each sequence actually used (from its first).
@@ -756,7 +788,10 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     page_size, heads_kv, head_dim) as in `forward`; cu_seqlens_k may then be None (each
     sequence has seqused_k[b] keys, or the page table's capacity).
     cu_seqlens, seqused_k and page_table values and max_seqlen_q are trusted (checking them
-    needs a device sync); CUTE_FA_CHECK_INDICES=1 checks them on every call.
+    needs a device sync); CUTE_FA_CHECK_INDICES=1 checks them on every call. The TMA kernel
+    (backend 'auto' on sm90 at head_dim 64 and 128) reads a sequence's last K/V tile whole,
+    into the next sequence's rows (or past cu_seqlens_k[-1]): those keys weigh exactly zero,
+    but rows of k and v below total_k must hold finite values (0 x NaN is NaN).
     """
     device_index, features, softmax_scale, return_lse, max_seqlen_q = _check_varlen_args(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, softmax_scale,

@@ -88,11 +88,15 @@ def resolve_backend(arch: str, backend: str, head_dim: int, causal: bool) -> str
 
 def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str = "auto",
                lazy_rescale: bool = True, tile_arch: str | None = None, *,
-               local: bool = False, softcap: bool = False, varlen: bool = False):
+               local: bool = False, softcap: bool = False, varlen: bool = False,
+               small_grid: bool = False):
     """The KernelKey `forward` compiles and launches for this problem.
 
     local, softcap, varlen: a sliding window's lower edge, a softcap, a ragged batch
-    (`backends.KernelKey`); each keeps the tile, stages and register cap of the plain kernel.
+    (`backends.KernelKey`); each keeps the tile, stages and register cap of the plain kernel
+    but where FEATURE_TILES says otherwise. small_grid: a causal call whose 128-row query blocks
+    would not fill the GPU's SMs once (`is_small_grid`) takes SMALL_GRID_TILES' tile where the
+    arch and backend have one.
 
     tile_arch (default: `arch`, or the one `tiles_of` forces) is the arch whose tables choose
     the tile, K/V stages, register cap and 'auto' backend, while the kernel is compiled for
@@ -116,6 +120,8 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     features = dict(local=local, softcap=softcap, varlen_q=varlen, varlen_k=varlen, lpt=causal)
     feature_tile = FEATURE_TILES.get((tiles, backend, head_dim_class(head_dim), causal,
                                       (local, softcap, varlen)))
+    if small_grid and causal and not (local or softcap or varlen):
+        feature_tile = SMALL_GRID_TILES.get((tiles, backend, head_dim_class(head_dim)))
     if feature_tile is not None:
         cfg = TileConfig(head_dim=head_dim, block_m=feature_tile[0], block_n=feature_tile[1],
                          num_threads=feature_tile[2], dtype=dtype)
@@ -127,6 +133,8 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
         cfg = TileConfig(head_dim=head_dim, block_m=tile[0], block_n=tile[1],
                          num_threads=tile[2], dtype=dtype)
     ctas = TMA_CTAS_PER_SM.get(head_dim_class(head_dim), 2)
+    if feature_tile is not None and cfg.block_m == 64:  # the small-grid tile, as measured
+        ctas = SMALL_GRID_CTAS_PER_SM
     stages = max_kv_stages(cfg, Arch.of_name(tiles).smem_bytes, ctas_per_sm=ctas)
     # S = Q K^T's k-loop: fine-grained B loads or not, traced step by step or not, whichever
     # ptxas compiles without spills (at head_dim 128 on sm_90a each choice of s_gemm_fine
@@ -220,6 +228,22 @@ FEATURE_TILES: dict = {
     ('sm_90a', 'sm80', 256, True, (True, True, False)): (128, 32, 256),
     ('sm_90a', 'sm80', 256, True, (True, True, True)): (128, 32, 256),
 }
+
+# Causal prefill calls too small to fill the GPU once with 128-row query blocks (fewer CTAs
+# than SMs: batch 1 at S = 512 with 32 query heads) run 64-row tiles, twice the CTAs. On the
+# H200 (docs/perf/2026-12-01-h200-prefill/ab_small_grid_tiles.json, TMA kernel, causal) the
+# 64x64 tile took such calls from 97 to 118 TFLOPs/s (32/8 heads, head_dim 128) and from 60 to
+# 79 (head_dim 64), and lost on every larger grid (0.6x-0.95x), 64x128 lost everywhere.
+# (arch, backend, head_dim class) -> tile; its K/V ring sized for SMALL_GRID_CTAS_PER_SM CTAs.
+SMALL_GRID_TILES = {("sm_90a", "tma", 64): (64, 64, 128), ("sm_90a", "tma", 128): (64, 64, 128)}
+SMALL_GRID_CTAS_PER_SM = 3
+SMALL_GRID_BLOCK_M = 128  # the tile a grid is counted in
+
+
+def is_small_grid(seqlen_q: int, heads_q: int, batch: int, num_sms: int) -> bool:
+    """Whether a causal prefill call's 128-row query blocks are fewer than the GPU's SMs."""
+    return -(-seqlen_q // SMALL_GRID_BLOCK_M) * heads_q * batch < num_sms
+
 
 # (arch, head_dim class, causal, (local, softcap, varlen)) -> the backend 'auto' takes for a
 # feature kernel where it differs from AUTO's, and why: see FEATURE_TILES.
@@ -341,6 +365,10 @@ MIN_BLOCKS_PER_SPLIT = 4
 MIN_BLOCKS_PER_SPLIT_FULL = 16
 MAX_SPLITS = 128
 MANY_WAVES = 4
+
+# the longest query sequence a call takes: causal kernels put the query blocks on the grid's y
+# (longest first across heads), at most 65535 of them, of up to 64 rows (the small-grid tile)
+MAX_SEQLEN_Q = 65535 * 64
 
 # page sizes of a paged K/V cache: multiples of 16 keys (a copy pass's rows) up to this
 MAX_PAGE_SIZE = 1024

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from cute_fa.compiler import compile_kernel, ptxas_resources
-from cute_fa.tuning import SMEM_BYTES, TILES, kernel_key, tile_config
+from cute_fa.tuning import SMALL_GRID_TILES, SMEM_BYTES, TILES, kernel_key, tile_config
 
 ARCHS = ["sm_80", "sm_90a", "sm_120a"]
 DTYPES = ("bfloat16", "float16")
@@ -89,3 +89,17 @@ def test_tma_forward_compiles_without_spills(arch, head_dim, causal, dtype, lazy
         assert res["registers"] * key.tile.num_threads * key.ctas_per_sm <= 65536
     else:
         assert ".minnctapersm" not in ptx
+
+
+@pytest.mark.parametrize("arch, backend, head_dim", sorted(SMALL_GRID_TILES), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_small_grid_tiles_compile_without_spills(arch, backend, head_dim, dtype):
+    """The 64-row tiles of causal calls that would not fill the GPU once (tuning.is_small_grid)."""
+    key = kernel_key(arch, dtype, head_dim, True, backend, small_grid=True)
+    assert (key.tile.block_m, key.tile.block_n, key.tile.num_threads) == \
+        SMALL_GRID_TILES[arch, backend, head_dim]
+    assert key.backend == backend and key.lpt
+    assert key.tile.smem_bytes(key.kv_stages) + 1024 <= SMEM_BYTES[arch]
+    ptx = compile_kernel(key, keep_ptx=True).__ptx__
+    res = ptxas_resources(ptx, arch)
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]

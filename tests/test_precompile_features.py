@@ -39,7 +39,11 @@ def _calls():
     cute_fa.forward_varlen(q[0], k[0], k[0], lens, lens, 100, 100, causal=True)
     cute_fa.forward_varlen(q[0], k[0], k[0], lens, lens, 100, 100, causal=True,
                            window_size=(31, 0), softcap=5.0)
+    cute_fa.forward_varlen(q[0], k[0], k[0], lens, lens, 100, 100, causal=True,
+                           seqused_k=torch.tensor([0, 50], dtype=torch.int32))
     pages = torch.randn(8, 64, 8, 128, dtype=bf16)
+    cute_fa.forward_varlen(q[0], pages, pages, lens, lens, 100, 256, causal=True,
+                           page_table=torch.zeros(2, 4, dtype=torch.int32))
     cute_fa.forward_varlen(q[0], pages, pages, lens, None, 100, 256, causal=True,
                            page_table=torch.zeros(2, 4, dtype=torch.int32),
                            seqused_k=torch.tensor([50, 256], dtype=torch.int32))

@@ -75,6 +75,7 @@ def test_valid_varlen_calls_reach_device_check():
     (dict(cu_k=lambda c: None), ValueError, "cu_seqlens_k may be None only with a page_table"),
     (dict(mq=lambda m: 3.0), TypeError, "max_seqlen_q must be an int"),
     (dict(mk=lambda m: -1), ValueError, "max_seqlen_k must be >= 0"),
+    (dict(mq=lambda m: 21), ValueError, "max_seqlen_q .21. must be at most the number of query"),
     (dict(k=lambda k: k[..., :32]), ValueError, "k must have shape"),
     (dict(k=lambda k: k[:, :1].expand(-1, 3, -1)), ValueError, "multiple of the number"),
 ])
@@ -98,7 +99,8 @@ def test_bad_varlen_arguments(change, exc, match):
     (dict(window_size=(-2, 0)), ValueError, "window_size sides must be -1"),
     (dict(softcap=-1.0), ValueError, "softcap must be a finite float >= 0"),
     (dict(softcap=float("inf")), ValueError, "softcap must be a finite float >= 0"),
-    (dict(softcap=True), ValueError, "softcap must be a finite float >= 0"),
+    (dict(softcap=True), TypeError, "softcap must be a float >= 0"),
+    (dict(softcap="5"), TypeError, "softcap must be a float >= 0"),
 ])
 def test_bad_window_and_softcap(kwargs, exc, match):
     q = torch.randn(1, 8, 4, 64, dtype=torch.float16)
@@ -217,6 +219,49 @@ def test_window_and_softcap_launch(launches):
             assert named["window_left"] + 500 < 0 or named["window_left"] > 500 + 300
         if right is not None and local:
             assert named["window_right"] == right
+
+
+def test_a_window_past_every_key_is_unbounded(launches):
+    """Window sides of 2**30 keys or more are unbounded (-1): the kernels' int32 key offsets
+    never see them."""
+    recorded, _ = launches
+    q = torch.randn(1, 64, 4, 64, dtype=torch.bfloat16)
+    cute_fa.forward(q, q, q, causal=True, window_size=(2**40, 0))
+    (key, _), = recorded
+    assert key.causal and not key.local
+    recorded.clear()
+    cute_fa.forward(q, q, q, window_size=(2**31, 2**35))
+    (key, _), = recorded
+    assert not key.causal and not key.local
+
+
+@pytest.mark.parametrize("case, match", [
+    ("cu_q_decreasing", "cu_seqlens_q must start at 0, never decrease"),
+    ("max_q_short", r"max_seqlen_q \(16\) is less than the longest query sequence \(17\)"),
+    ("seqused_past_entry", "sequence 0 uses 6 keys, outside 0..5"),
+    ("paged_past_pages", "sequence 2 uses 200 keys, outside 0..128"),
+])
+def test_check_indices_for_varlen(launches, monkeypatch, case, match):
+    """CUTE_FA_CHECK_INDICES=1: the values inside cu_seqlens and seqused_k are checked against
+    the tensors and each other before the launch."""
+    recorded, _ = launches
+    monkeypatch.setenv("CUTE_FA_CHECK_INDICES", "1")
+    q, k, v, cu_q, cu_k, mq, mk = ragged(lens_q=(3, 0, 17), lens_k=(5, 9, 17))
+    kwargs = {}
+    if case == "cu_q_decreasing":
+        cu_q = torch.tensor([0, 3, 2, 20], dtype=torch.int32)
+    elif case == "max_q_short":
+        mq = 16
+    elif case == "seqused_past_entry":
+        kwargs["seqused_k"] = torch.tensor([6, 9, 17], dtype=torch.int32)
+    else:
+        k = v = torch.randn(4, 64, 2, 64, dtype=torch.bfloat16)
+        cu_k = None
+        kwargs["page_table"] = torch.zeros(3, 2, dtype=torch.int32)
+        kwargs["seqused_k"] = torch.tensor([3, 0, 200], dtype=torch.int32)
+    with pytest.raises(ValueError, match=match):
+        cute_fa.forward_varlen(q, k, v, cu_q, cu_k, mq, mk, causal=True, **kwargs)
+    assert recorded == []
 
 
 def test_decode_window_splits_by_window(launches):

@@ -186,6 +186,8 @@ class FlashFwdBase:
         """Every K/V round, one loop body (one copy of it to trace and compile): the rounds
         that may need masking come first and mask under a uniform branch. With split-KV only
         the split holding the last visible blocks masks."""
+        # three branches where one would do, so that the kernels without a window keep their
+        # PTX byte for byte
         if cutlass.const_expr(self.local):
             # the causal edge's blocks come first, the window's lower edge's last
             top = ctx.n_block_total if cutlass.const_expr(self.split_kv) else ctx.n_block_max

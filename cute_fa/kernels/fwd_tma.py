@@ -133,9 +133,7 @@ class FlashFwdTma(FlashFwdBase):
                 causal_offset = seqlen.seqlen_k - seqlen.seqlen_q  # bottom-right, per entry
             keys = self._key_range(tile, seqlen, causal_offset, window_left, window_right)
         n_block_max = keys.n_block_max
-        n_rounds = n_block_max
-        if cutlass.const_expr(self.local):
-            n_rounds = n_block_max - keys.n_block_min
+        n_rounds = self._n_rounds(n_block_max, keys.n_block_min)
         m_block, head, batch, head_kv = tile.m_block, tile.head, tile.batch, tile.head_kv
 
         storage = cutlass.memory.SmemAllocator().allocate(Storage)
@@ -206,6 +204,13 @@ class FlashFwdTma(FlashFwdBase):
         self._rounds(ctx)
         self._epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx)
 
+    def _n_rounds(self, n_block_max, n_block_min):
+        """Rounds of the CTA: every key block below n_block_max, from n_block_min with a
+        window (without one the subtraction of 0 is left out, keeping the PTX as it was)."""
+        if cutlass.const_expr(self.local):
+            return n_block_max - n_block_min
+        return n_block_max
+
     @staticmethod
     def _entry_coords(tma_X: cute.Tensor, batch, head, offset):
         """The (seqlen, head_dim) TMA coordinates of one batch entry's rows of `head`; in a
@@ -259,9 +264,6 @@ class FlashFwdTma(FlashFwdBase):
         """This thread is done with the stage; once every thread is, warp 0 refills it."""
         cute.arch.mbarrier_arrive(ctx.loads.bar_E + slot.stage)
         if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
-            n_rounds = ctx.n_block_max
-            if cutlass.const_expr(self.local):
-                n_rounds = ctx.n_block_max - ctx.n_block_min
-            if slot.i + self.kv_stages < n_rounds:
+            if slot.i + self.kv_stages < self._n_rounds(ctx.n_block_max, ctx.n_block_min):
                 cute.arch.mbarrier_wait(ctx.loads.bar_E + slot.stage, slot.phase)
                 self._load_kv(ctx.loads, slot.i + self.kv_stages, slot.n_block - self.kv_stages)
