@@ -317,6 +317,8 @@ def prefill_markdown(result: dict) -> str:
              f"torch {result['torch']}, nvidia-cutlass-dsl {result['cutlass_dsl']}, bf16. "
              "TFLOPs/s of the work the mask leaves (median GPU time per call after warm-up; µs "
              "in the json). cute_fa is backend='auto'.", ""]
+    if result.get("note"):
+        lines += [f"Note: {result['note']}.", ""]
     small = [r for r in rows if r["kind"] == "small"]
     large = {}
     for r in rows:
