@@ -38,22 +38,29 @@ def _check(q, k, v, scale):
     return q, k, v, float(scale)
 
 
-def visible_mask(seqlen_q: int, seqlen_k: int, *, causal: bool, causal_offset: int = 0) -> np.ndarray:
+def visible_mask(seqlen_q: int, seqlen_k: int, *, causal: bool, causal_offset: int = 0,
+                 window_size=(-1, -1)) -> np.ndarray:
     """(seqlen_q, seqlen_k) booleans: True where the key is visible to the query."""
     qi = np.arange(seqlen_q)[:, None]
     ki = np.arange(seqlen_k)[None, :]
-    return np.broadcast_to(key_visible(qi, ki, causal=causal, causal_offset=causal_offset),
-                           (seqlen_q, seqlen_k))
+    return np.broadcast_to(key_visible(qi, ki, causal=causal, causal_offset=causal_offset,
+                                       window_size=window_size), (seqlen_q, seqlen_k))
 
 
-def attention(q, k, v, *, scale=None, causal=False, causal_offset=0):
-    """(o, lse) of one head in float64. causal is top-left (key <= query + causal_offset).
+def attention(q, k, v, *, scale=None, causal=False, causal_offset=0, window_size=(-1, -1),
+              softcap=0.0):
+    """(o, lse) of one head in float64. causal is top-left (key <= query + causal_offset);
+    window_size = (left, right) keeps keys query + causal_offset - left ... + right (-1: no
+    bound, `cute_fa.visibility`); softcap c > 0 turns the scaled scores s into c tanh(s / c).
 
     A query with no visible key gets o = 0 and lse = -inf.
     """
     q, k, v, scale = _check(q, k, v, scale)
     s = scale * (q @ k.T)
-    s = np.where(visible_mask(len(q), len(k), causal=causal, causal_offset=causal_offset), s, -np.inf)
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    s = np.where(visible_mask(len(q), len(k), causal=causal, causal_offset=causal_offset,
+                              window_size=window_size), s, -np.inf)
     m = s.max(axis=1, initial=-np.inf, keepdims=True)
     m_safe = np.where(np.isfinite(m), m, 0.0)
     p = np.exp(s - m_safe)

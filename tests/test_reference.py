@@ -118,3 +118,21 @@ def test_bad_shapes():
         attention([1, 2], K, V)
     with pytest.raises(ValueError, match="block_n"):
         flash_forward_tiles(Q, K, V, scale=1.0, block_n=0)
+
+
+def test_window_and_softcap_by_hand():
+    """Three keys with scores 0, 1, 2 (scale 1) for one query at the last key (bottom-right,
+    causal_offset 2): a window of one key back keeps scores 1 and 2; a softcap of 1 turns them
+    into tanh(1) and tanh(2)."""
+    q = np.array([[1.0, 0.0]])
+    k = np.array([[0.0, 0.0], [1.0, 0.0], [2.0, 0.0]])
+    v = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 2.0]])
+    o, lse = attention(q, k, v, scale=1.0, causal=True, causal_offset=2, window_size=(1, -1))
+    e1, e2 = math.exp(1), math.exp(2)
+    np.testing.assert_allclose(o[0], [0, (e1 + 2 * e2) / (e1 + e2)], rtol=1e-14)
+    np.testing.assert_allclose(lse, [math.log(e1 + e2)], rtol=1e-14)
+    o, lse = attention(q, k, v, scale=1.0, causal=True, causal_offset=2, window_size=(1, -1),
+                       softcap=1.0)
+    t1, t2 = math.exp(math.tanh(1)), math.exp(math.tanh(2))
+    np.testing.assert_allclose(o[0], [0, (t1 + 2 * t2) / (t1 + t2)], rtol=1e-14)
+    np.testing.assert_allclose(lse, [math.log(t1 + t2)], rtol=1e-14)
