@@ -192,15 +192,7 @@ def _check_args(q, k, v, out, softmax_scale, causal, return_lse, backend, names=
     if heads_q % heads_k:
         raise ValueError(f"the number of query heads ({heads_q}) must be a multiple of the number "
                          f"of key/value heads ({heads_k})")
-    named = (("q", q), ("k", k), ("v", v))
-    if out is not None:
-        _check_tensor("out", out)
-        if out.dtype != q.dtype:
-            raise TypeError(f"out must have dtype {q.dtype} like q, got {out.dtype}")
-        if out.shape != q.shape:
-            raise ValueError(f"out must have the shape of q, {_shown(q.shape, names)}, "
-                             f"got {_shown(out.shape, names)}")
-        named += (("out", out),)
+    named = (("q", q), ("k", k), ("v", v)) + _checked_out(out, q, names)
     for name, t in named:
         _check_layout(name, t, names)
     num_splits = _check_decode_args(q, seqused_k, page_table, num_splits, backend)
@@ -220,6 +212,20 @@ def _check_query_blocks(name: str, seqlen_q: int) -> None:
     if seqlen_q > MAX_SEQLEN_Q:
         raise ValueError(f"{name} must be at most {MAX_SEQLEN_Q} (65535 query blocks of 64 "
                          f"rows), got {seqlen_q}")
+
+
+def _checked_out(out, q, names=_FORWARD_NAMES, layout="(batch, seqlen, heads, head_dim)",
+                 rank: int = 4) -> tuple:
+    """(("out", out),) once `out` is a tensor of q's dtype and shape, () for None."""
+    if out is None:
+        return ()
+    _check_tensor("out", out, layout, rank)
+    if out.dtype != q.dtype:
+        raise TypeError(f"out must have dtype {q.dtype} like q, got {out.dtype}")
+    if out.shape != q.shape:
+        raise ValueError(f"out must have the shape of q, {_shown(q.shape, names)}, "
+                         f"got {_shown(out.shape, names)}")
+    return (("out", out),)
 
 
 def _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse, backend) -> bool:
@@ -682,15 +688,8 @@ def _check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     if backend == "tma" and (paged or seqused_k is not None):
         raise ValueError("backend='tma' takes no seqused_k or page_table (the cp.async kernel "
                          "reads a KV cache); use backend='sm80' or 'auto'")
-    named = (("q", q), ("k", k), ("v", v))
-    if out is not None:
-        _check_tensor("out", out, "(total_q, heads, head_dim)", rank=3)
-        if out.dtype != q.dtype:
-            raise TypeError(f"out must have dtype {q.dtype} like q, got {out.dtype}")
-        if out.shape != q.shape:
-            raise ValueError(f"out must have the shape of q, {tuple(q.shape)}, got "
-                             f"{tuple(out.shape)}")
-        named += (("out", out),)
+    named = (("q", q), ("k", k), ("v", v)) + _checked_out(
+        out, q, layout="(total_q, heads, head_dim)", rank=3)
     for name, t in named:
         _check_layout(name, t)
     _check_cache_tensors(seqused_k, page_table, batch)

@@ -44,6 +44,12 @@ def reference(q, k, v, causal, scale, window, softcap):
     return torch.einsum("hqk,khd->qhd", probs, v)
 
 
+def batched_reference(q, k, v, causal, scale=None, window=(-1, -1), softcap=0.0):
+    """`reference` of every batch entry of (batch, seqlen, heads, d) tensors, stacked."""
+    return torch.stack([reference(q[b], k[b], v[b], causal, scale, window, softcap)
+                        for b in range(q.shape[0])])
+
+
 def check_kernel_layout(*tensors):
     for t in tensors:
         assert t.dtype in (torch.float16, BF16)
@@ -65,8 +71,8 @@ class FakeKernels:
         assert q.dim() == 4 and k.shape == v.shape and q.shape[2] % k.shape[2] == 0
         self.calls.append(dict(fn="forward", q=q, k=k, causal=causal, scale=softmax_scale,
                                window=window_size, softcap=softcap))
-        return torch.stack([reference(q[b], k[b], v[b], causal, softmax_scale, window_size,
-                                      softcap) for b in range(q.shape[0])]).to(q.dtype)
+        return batched_reference(q, k, v, causal, softmax_scale, window_size,
+                                 softcap).to(q.dtype)
 
     def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
@@ -302,9 +308,7 @@ def test_strides_the_kernels_refuse_are_copied(kernels):
     _, (_, k, v) = qkv()
     out, _ = hf.cute_fa_attention(MODULE, q, k, v, None, is_causal=False)
     assert kernels.calls[0]["causal"] is False
-    want = torch.stack([reference(q.transpose(1, 2)[b], k.transpose(1, 2)[b],
-                                  v.transpose(1, 2)[b], False, None, (-1, -1), 0.0)
-                        for b in range(2)])
+    want = batched_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), False)
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
 
 
@@ -313,9 +317,7 @@ def test_smaller_value_head_dim_is_padded_and_cropped(kernels):
     v = torch.randn(2, 2, 10, 8, dtype=BF16)  # MLA-style: value head_dim 8 < 16
     out, _ = hf.cute_fa_attention(MODULE, q, k, v, None)
     assert out.shape == (2, 10, 4, 8)
-    want = torch.stack([reference(q.transpose(1, 2)[b], k.transpose(1, 2)[b],
-                                  v.transpose(1, 2)[b], True, None, (-1, -1), 0.0)
-                        for b in range(2)])
+    want = batched_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), True)
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
 
 

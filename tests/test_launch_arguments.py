@@ -7,31 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cute_fa  # noqa: E402
-from cute_fa import compiler, interface  # noqa: E402
-from cute_fa.backends import backend_of  # noqa: E402
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    held = (torch.empty(1, 1, 1), torch.zeros(1, dtype=torch.int32),
-            torch.zeros(1, 1, dtype=torch.int32))
-    recorded = []
-    monkeypatch.setattr(interface, "_check_device", lambda *a: None)
-    monkeypatch.setattr(interface, "_arch", lambda device_index: "sm_90a")
-    monkeypatch.setattr(interface, "_num_sms", lambda device_index: 132)
-    monkeypatch.setattr(interface, "get_kernel", lambda key: key)
-    monkeypatch.setattr(interface, "_placeholders", lambda device_index: held)
-    monkeypatch.setattr(interface, "_launch",
-                        lambda device_index, kernel, args: recorded.append((kernel, args)))
-    compiler.memory_cache.clear()
-    yield recorded, held
-    compiler.memory_cache.clear()
-
-
-def _named(key, args) -> dict:
-    names = [name for name, _ in backend_of(key).arguments]
-    assert len(args) == len(names), (key, len(args), names)
-    return dict(zip(names, args))
+from launch_recording import launches  # noqa: E402,F401  (a fixture)
+from launch_recording import named_arguments as _named  # noqa: E402
 
 
 def qkv(b=2, sq=300, sk=300, hq=8, hk=2, d=64):

@@ -124,6 +124,22 @@ class FlashFwdBase:
             return softcap * LOG2_E, softmax_scale / softcap
         return softmax_scale * LOG2_E, None
 
+    def _feature_arguments(self, mCuSeqlensQ, mCuSeqlensK, window_left, window_right) -> tuple:
+        """(cu_seqlens_q, cu_seqlens_k, window_left, window_right) as the kernel takes them: None
+        where the key does not ask for them, so that they never reach the device."""
+        return (mCuSeqlensQ if cutlass.const_expr(self.varlen_q) else None,
+                mCuSeqlensK if cutlass.const_expr(self.varlen_k) else None,
+                window_left if cutlass.const_expr(self.local) else None,
+                window_right if cutlass.const_expr(self.local) else None)
+
+    def _grid(self, mQ, mCuSeqlensQ, max_seqlen_q, num_splits=None) -> tuple:
+        """The launch grid: over the longest query sequence and the entries of a ragged batch,
+        else over q's own extents."""
+        if cutlass.const_expr(self.varlen_q):
+            return self.scheduler.grid(max_seqlen_q, mQ.shape[2], mCuSeqlensQ.shape[0] - 1,
+                                       num_splits)
+        return self.scheduler.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0], num_splits)
+
     @cute.jit
     def _key_range(self, tile, seqlen: SeqlenInfo, causal_offset, window_left, window_right,
                    num_splits=None) -> KeyRange:

@@ -114,16 +114,10 @@ class FlashFwdSm80(FlashFwdBase):
         seqused = mSeqUsedK if cutlass.const_expr(self.seqused_k) else None
         page_table = mPageTable if cutlass.const_expr(self.page_size > 0) else None
         splits = num_splits if cutlass.const_expr(self.split_kv) else None
-        cu_q = mCuSeqlensQ if cutlass.const_expr(self.varlen_q) else None
-        cu_k = mCuSeqlensK if cutlass.const_expr(self.varlen_k) else None
-        left = window_left if cutlass.const_expr(self.local) else None
-        right = window_right if cutlass.const_expr(self.local) else None
+        cu_q, cu_k, left, right = self._feature_arguments(mCuSeqlensQ, mCuSeqlensK,
+                                                          window_left, window_right)
         scale_log2, softcap_scale = self._scales(softmax_scale, softcap)
-        if cutlass.const_expr(self.varlen_q):
-            grid = self.scheduler.grid(max_seqlen_q, mQ.shape[2], mCuSeqlensQ.shape[0] - 1,
-                                       num_splits)
-        else:
-            grid = self.scheduler.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0], num_splits)
+        grid = self._grid(mQ, mCuSeqlensQ, max_seqlen_q, num_splits)
         self._launch(self.kernel(mQ, mK, mV, mO, mLSE, scale_log2, causal_offset,
                                  write_lse, sQ_layout, sKV_layout, SharedStorage, seqused,
                                  page_table, splits, cu_q, cu_k, left, right, softcap_scale),

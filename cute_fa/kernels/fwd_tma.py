@@ -93,15 +93,10 @@ class FlashFwdTma(FlashFwdBase):
         sQ_layout = smem.smem_layout_q(cfg)
         sKV_layout = smem.smem_layout_kv(cfg, self.kv_stages)
         Storage = smem.shared_storage(cfg, self.kv_stages)
-        cu_q = mCuSeqlensQ if cutlass.const_expr(self.varlen_q) else None
-        cu_k = mCuSeqlensK if cutlass.const_expr(self.varlen_k) else None
-        left = window_left if cutlass.const_expr(self.local) else None
-        right = window_right if cutlass.const_expr(self.local) else None
+        cu_q, cu_k, left, right = self._feature_arguments(mCuSeqlensQ, mCuSeqlensK,
+                                                          window_left, window_right)
         scale_log2, softcap_scale = self._scales(softmax_scale, softcap)
-        if cutlass.const_expr(self.varlen_q):
-            grid = self.scheduler.grid(max_seqlen_q, mQ.shape[2], mCuSeqlensQ.shape[0] - 1)
-        else:
-            grid = self.scheduler.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0])
+        grid = self._grid(mQ, mCuSeqlensQ, max_seqlen_q)
         self._launch(self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO,
                                  mLSE, scale_log2, causal_offset, write_lse,
                                  sQ_layout, sKV_layout, Storage, cu_q, cu_k, left, right,
