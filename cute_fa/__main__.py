@@ -177,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"],
                         help="element type")
     p_demo.add_argument("--causal", action="store_true", help="causal (bottom-right) masking")
-    p_demo.add_argument("--backend", default="auto", choices=["auto", "sm80", "tma"],
+    p_demo.add_argument("--backend", default="auto", choices=["auto", "sm80", "tma", "sm90"],
                         help="kernel: cp.async (sm80), TMA (sm90+), or the measured choice")
     p_pre = command("precompile", "compile kernels into the on-disk cache (CPU or GPU)")
     p_pre.add_argument("--head-dims", default="64,128",
@@ -187,7 +187,7 @@ def _parser() -> argparse.ArgumentParser:
     p_pre.add_argument("--arch", default=argparse.SUPPRESS,
                        help="target GPU, e.g. sm_80, sm_86, sm_90a, sm_120a (default: the GPU "
                             "at hand; required without one)")
-    p_pre.add_argument("--backend", default="auto", choices=["auto", "sm80", "tma"],
+    p_pre.add_argument("--backend", default="auto", choices=["auto", "sm80", "tma", "sm90"],
                        help="which kernel to compile; auto: what forward() picks on that arch")
     p_pre.add_argument("--decode-groups", default="",
                        help="comma-separated GQA ratios (query heads per K/V head) whose decode "

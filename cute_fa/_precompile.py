@@ -16,8 +16,8 @@ from .backends import MergeKey
 from .compiler import get_kernel, wait_for_saves
 from .layouts.config import canonical_dtype, check_head_dim
 from .arch import Arch
-from .tuning import (DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, check_backend, decode_key,
-                     decode_rows_class, kernel_key, supported_page_size)
+from .tuning import (DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, PREFILL_ONLY, check_backend,
+                     decode_key, decode_rows_class, kernel_key, supported_page_size)
 
 
 def _as_tuple(name: str, value, single: tuple, what: str) -> tuple:
@@ -83,7 +83,7 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
         _page_size(p) for p in _as_tuple("page_sizes", page_sizes, (int,), "an int"))
     if page_sizes and not decode_groups:
         raise ValueError("page_sizes needs decode_groups (the decode kernels it is for)")
-    if decode_groups and backend == "tma":
+    if decode_groups and backend in PREFILL_ONLY:
         raise ValueError("decode_groups needs backend='auto' or 'sm80': decode runs on the "
                          "cp.async kernel")
     if arch is None:
@@ -102,9 +102,18 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
                        varlen=ragged)
             for head_dim, dtype, is_causal, (local, cap, ragged) in itertools.product(
                 head_dims, dtypes, causal, features)]
-    # causal calls too small to fill the GPU once take another tile (tuning.SMALL_GRID_TILES)
-    keys += [kernel_key(arch, dtype, head_dim, True, backend, small_grid=True)
-             for head_dim, dtype in itertools.product(head_dims, dtypes) if True in causal]
+    # short causal calls may take another kernel (tuning.AUTO_SHORT_CAUSAL; seqlen_q=1 stands
+    # for any short one), and calls too small to fill the GPU once another tile
+    # (tuning.SMALL_GRID_TILES)
+    if True in causal:
+        keys += [kernel_key(arch, dtype, head_dim, True, backend, local=local, softcap=cap,
+                            varlen=ragged, seqlen_q=1)
+                 for head_dim, dtype, (local, cap, ragged) in itertools.product(
+                     head_dims, dtypes, features)]
+        keys += [kernel_key(arch, dtype, head_dim, True, backend, small_grid=True,
+                            seqlen_q=seqlen_q)
+                 for head_dim, dtype, seqlen_q in itertools.product(head_dims, dtypes,
+                                                                    (None, 1))]
     # every decode tile a call of 1..DECODE_MAX_SEQLEN_Q queries can take: one query length per
     # class of packed rows (queries x group; tuning.decode_rows_class)
     decode_features = sorted({(local, cap) for local, cap, _ in features})

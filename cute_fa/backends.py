@@ -82,6 +82,23 @@ class TmaKey(KernelKey):
 
 
 @dataclass(frozen=True)
+class Sm90Key(KernelKey):
+    """The warp-specialized Hopper kernel (`kernels/fwd_sm90.py`): a TMA producer warp filling
+    a ring of kv_stages K/V stages, consumer warpgroups running wgmma (the tile's num_threads
+    counts them; `layouts.wgmma`). intra_wg_overlap: a warpgroup issues S of round j and P V of
+    round j - 1 together and runs the softmax of j under the P V; pingpong: the consumer
+    warpgroups take turns issuing their wgmmas (named barriers), so one's softmax runs under
+    another's GEMMs. tma_store: O leaves through shared memory by one TMA store (ragged
+    batches, whose tiles may run into the next entry's rows, store row by row instead)."""
+
+    kv_stages: int = 2
+    intra_wg_overlap: bool = True
+    pingpong: bool = True
+    tma_store: bool = True
+    backend: ClassVar[str] = "sm90"
+
+
+@dataclass(frozen=True)
 class Backend:
     name: str
     summary: str
@@ -90,10 +107,11 @@ class Backend:
     key_type: type
     min_major: int  # the oldest GPU generation it runs on
     arguments: tuple  # (name, kind) of its arguments, in order (ARGUMENTS below)
+    max_major: int = 99  # the newest (wgmma exists on sm90 only)
 
     def supports(self, arch: str | Arch) -> bool:
         arch = arch if isinstance(arch, Arch) else Arch.of_name(arch)
-        return arch.major >= self.min_major
+        return self.min_major <= arch.major <= self.max_major
 
     def kernel_class(self):
         return getattr(importlib.import_module(f"{__package__}.kernels.{self.module}"),
@@ -128,6 +146,8 @@ REGISTRY = {b.name: b for b in (
             "FlashFwdSm80", Sm80Key, 8, ARGUMENTS),
     Backend("tma", "TMA + mbarrier K/V ring + ldmatrix + mma.sync, sm90 and newer", "fwd_tma",
             "FlashFwdTma", TmaKey, 9, ARGUMENTS),
+    Backend("sm90", "warp-specialized TMA producer + wgmma consumers, Hopper (sm90) only",
+            "fwd_sm90", "FlashFwdSm90", Sm90Key, 9, ARGUMENTS, max_major=9),
 )}
 
 

@@ -65,13 +65,30 @@ def _dense_methods(torch) -> dict:
     fa4 = _fa4()
     if fa4:
         methods["flash_attn_4"] = lambda q, k, v, c: fa4[0](q, k, v, causal=c)
-    # the scheduling A/B: the causal kernels without their longest-first order across heads
-    # (and without the small-grid tile), per backend
-    methods["cute_fa_nolpt"] = lambda q, k, v, c, f=_variant(torch, "tma", True, lpt=False): \
-        f(q, k, v)
-    methods["cute_fa_sm80_nolpt"] = lambda q, k, v, c, f=_variant(torch, "sm80", True,
-                                                                   lpt=False): f(q, k, v)
+    if torch.cuda.get_device_capability()[0] == 9:
+        # the kernel 'auto' took on Hopper before the wgmma one, and the small-grid A/B: the
+        # wgmma kernel with one consumer warpgroup (64-row tiles, twice the CTAs)
+        methods["cute_fa_tma"] = lambda q, k, v, c: cute_fa.forward(q, k, v, causal=c,
+                                                                    backend="tma")
+        methods["cute_fa_sm90_64"] = _sm90_rows64(torch)
     return methods
+
+
+def _sm90_rows64(torch):
+    """fn(q, k, v, causal) of the causal wgmma kernel on a 64 x 128 tile (one consumer
+    warpgroup), compiled per head_dim on first use."""
+    from .layouts import TileConfig
+
+    by_head_dim = {}
+
+    def fn(q, k, v, c):
+        d = q.shape[-1]
+        if d not in by_head_dim:
+            tile = TileConfig(head_dim=d, block_m=64, block_n=128, num_threads=128,
+                              dtype=str(q.dtype).replace("torch.", ""), wgmma=True)
+            by_head_dim[d] = _variant(torch, "sm90", True, tile=tile)
+        return by_head_dim[d](q, k, v)
+    return fn
 
 
 def _fa4():
@@ -169,7 +186,7 @@ def small_results(torch) -> list:
             q, k, v = (_randn(torch, b, s, h, d, gen=gen) for _ in range(3))
             row = dict(kind="large", batch=b, seqlen=s, heads_q=h, heads_kv=h, head_dim=d)
             fns = {n: (lambda f=methods[n]: f(q, k, v, True))
-                   for n in ("cute_fa", "cute_fa_sm80", "cute_fa_nolpt", "cute_fa_sm80_nolpt")}
+                   for n in ("cute_fa", "cute_fa_tma", "cute_fa_sm80") if n in methods}
             rows.append(_timed(torch, fns, row, 2 * b * h * s * s * d))
             print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -202,8 +219,9 @@ def varlen_results(torch) -> list:
            "sdpa_default_padded": lambda: _sdpa(torch)(*padded, True),
            "sdpa_flash_padded": lambda: _sdpa(torch, SDPBackend.FLASH_ATTENTION)(*padded, True),
            "sdpa_cudnn_padded": lambda: _sdpa(torch, SDPBackend.CUDNN_ATTENTION)(*padded, True)}
-    nolpt = _variant(torch, "tma", True, varlen=True, lpt=False)
-    fns["cute_fa_nolpt"] = lambda: nolpt(q, k, v, cu, longest)
+    if torch.cuda.get_device_capability()[0] >= 9:
+        fns["cute_fa_tma"] = lambda: cute_fa.forward_varlen(q, k, v, cu, cu, longest, longest,
+                                                            causal=True, backend="tma")
     fa4 = _fa4()
     if fa4:
         fns["flash_attn_4"] = lambda: fa4[1](q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
@@ -324,15 +342,17 @@ def prefill_markdown(result: dict) -> str:
     for r in rows:
         if r["kind"] == "large" and r.get("cute_fa"):
             large.setdefault(r["head_dim"], []).append(r["cute_fa"])
-    names = [n for n in ("cute_fa", "cute_fa_nolpt", "cute_fa_sm80", "cute_fa_sm80_nolpt",
-                         "sdpa_default", "sdpa_flash", "sdpa_cudnn", "flash_attn_4")
+    names = [n for n in ("cute_fa", "cute_fa_sm90_64", "cute_fa_tma", "cute_fa_sm80",
+                         "cute_fa_nolpt", "cute_fa_sm80_nolpt", "sdpa_default", "sdpa_flash",
+                         "sdpa_cudnn", "flash_attn_4")
              if any(n in r for r in small)]
     lines += ["## Small-batch causal prefill (GQA)", "",
               "large: cute_fa's mean TFLOPs/s over the paper grid's large batches (16k tokens, "
               "S = 1k-8k, hidden 2048) at the same head_dim, causal.", "",
               "| B | S | Hq/Hkv | D | " + " | ".join(names)
-              + " | cute_fa / large | cute_fa / sdpa_flash | cute_fa / best other |",
-              "|" + "---|" * (len(names) + 7)]
+              + " | cute_fa / large | cute_fa / sdpa_flash | cute_fa / sdpa_cudnn "
+              "| cute_fa / best other |",
+              "|" + "---|" * (len(names) + 8)]
     for r in small:
         ref = sum(large.get(r["head_dim"], [0])) / max(1, len(large.get(r["head_dim"], [])))
         others = [r.get(n) for n in ("sdpa_default", "sdpa_flash", "sdpa_cudnn", "flash_attn_4")
@@ -341,6 +361,7 @@ def prefill_markdown(result: dict) -> str:
         cells = [f"{r[n]:.0f}" if r.get(n) else "—" for n in names]
         cells.append(f"{cf / ref:.2f}" if cf and ref else "—")
         cells.append(f"{cf / r['sdpa_flash']:.2f}x" if cf and r.get("sdpa_flash") else "—")
+        cells.append(f"{cf / r['sdpa_cudnn']:.2f}x" if cf and r.get("sdpa_cudnn") else "—")
         cells.append(f"{cf / max(others):.2f}x" if cf and others else "—")
         lines.append(f"| {r['batch']} | {r['seqlen']} | {r['heads_q']}/{r['heads_kv']} | "
                      f"{r['head_dim']} | " + " | ".join(cells) + " |")

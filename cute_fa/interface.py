@@ -19,12 +19,13 @@ from .compiler import get_kernel, memory_cache
 from .arch import Arch
 from .backends import MergeKey
 from .layouts.config import check_head_dim
-from .tuning import (BACKENDS, DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, MAX_SEQLEN_Q, MAX_SPLITS,
+from .tuning import (AUTO_SHORT_CAUSAL, BACKENDS, DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE,
+                     MAX_SEQLEN_Q, MAX_SPLITS, PREFILL_ONLY, head_dim_class,
                      check_backend, decode_ctas_per_sm, decode_key, decode_rows_class,
                      forced_tile_arch, is_small_grid, kernel_key, num_splits_heuristic,
                      supported_page_size)
 
-Backend = Literal["auto", "sm80", "tma"]
+Backend = Literal["auto", "sm80", "tma", "sm90"]
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -309,17 +310,23 @@ def _placeholders(device_index: int) -> tuple:
 
 
 def _kernel_for(device_index: int, dtype, head_dim: int, features: ScoreFeatures, backend: str,
-                lazy_rescale: bool = True, varlen: bool = False, small_grid: bool = False):
-    """The compiled kernel for a call without decode arguments."""
+                lazy_rescale: bool = True, varlen: bool = False, small_grid: bool = False,
+                seqlen_q: int | None = None):
+    """The compiled kernel for a call without decode arguments; seqlen_q (the longest of a
+    ragged batch) matters to 'auto' only through `tuning.AUTO_SHORT_CAUSAL`."""
     tile_arch = forced_tile_arch()
     # what a call asks for, as the in-memory cache's second index (no key to build per call)
     request = (device_index, dtype, head_dim, features.causal, features.local,
-               features.softcap > 0, varlen, backend, lazy_rescale, tile_arch, small_grid)
+               features.softcap > 0, varlen, backend, lazy_rescale, tile_arch, small_grid,
+               features.causal and backend == "auto" and seqlen_q is not None
+               and seqlen_q <= AUTO_SHORT_CAUSAL.get(
+                   (tile_arch or _arch(device_index), head_dim_class(head_dim)), 0))
     kernel = memory_cache.get(request)
     if kernel is None:
         key = kernel_key(_arch(device_index), _DTYPE_NAMES[dtype], head_dim, features.causal,
                          backend, lazy_rescale, tile_arch, local=features.local,
-                         softcap=features.softcap > 0, varlen=varlen, small_grid=small_grid)
+                         softcap=features.softcap > 0, varlen=varlen, small_grid=small_grid,
+                         seqlen_q=seqlen_q)
         kernel = memory_cache[request] = get_kernel(key)
     return kernel
 
@@ -360,10 +367,10 @@ def _check_decode_args(q, seqused_k, page_table, num_splits, backend) -> int | N
         if batch * num_splits > 65535:
             raise ValueError(f"num_splits * batch must be at most 65535 (the grid's z), got "
                              f"{num_splits} * {batch}")
-    if backend == "tma" and (seqused_k is not None or page_table is not None
-                             or (num_splits or 1) > 1):
-        raise ValueError("backend='tma' takes no seqused_k, page_table or num_splits > 1 (the "
-                         "cp.async kernel runs decode); use backend='sm80' or 'auto'")
+    if backend in PREFILL_ONLY and (seqused_k is not None or page_table is not None
+                                    or (num_splits or 1) > 1):
+        raise ValueError(f"backend={backend!r} takes no seqused_k, page_table or num_splits > 1 "
+                         f"(the cp.async kernel runs decode); use backend='sm80' or 'auto'")
     return num_splits
 
 
@@ -501,14 +508,14 @@ def _run(q, k, v, *, causal, bottom_right, softmax_scale, out, return_lse, backe
     causal_offset = k.shape[1] - seqlen_q if bottom_right else 0
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     if seqused_k is not None or page_table is not None or (num_splits or 1) > 1 or \
-            (seqlen_q <= DECODE_MAX_SEQLEN_Q and backend != "tma"):
+            (seqlen_q <= DECODE_MAX_SEQLEN_Q and backend not in PREFILL_ONLY):
         kernel, num_splits = _decode_plan(device_index, q, k, features, seqused_k, page_table,
                                           num_splits)
     else:
         small = features.causal and is_small_grid(seqlen_q, heads_q, batch,
                                                   _num_sms(device_index))
         kernel = _kernel_for(device_index, q.dtype, head_dim, features, backend, lazy_rescale,
-                             small_grid=small)
+                             small_grid=small, seqlen_q=seqlen_q)
         num_splits = 1
     if out is None:
         out = torch.empty_like(q)  # q's memory order where q is dense, else contiguous
@@ -580,8 +587,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     bottom-right corner (the last query sees the last key). Returns o, or
     (o, lse) with lse float32 (batch, heads_q, seqlen_q) in natural log; a query
     that sees no key gets o = 0 and lse = -inf.
-    backend: 'sm80' (cp.async, any sm80+ GPU), 'tma' (TMA + mbarrier, sm90+) or
-    'auto' (the faster of the two measured for this GPU, see cute_fa/tuning.py).
+    backend: 'sm80' (cp.async, any sm80+ GPU), 'tma' (TMA + mbarrier, sm90+), 'sm90'
+    (warp-specialized TMA + wgmma, Hopper only) or 'auto' (the fastest measured for this GPU
+    and call, see cute_fa/tuning.py).
 
     window_size = (left, right): a sliding window, flash-attn's: query i sees keys
     i + seqlen_k - seqlen_q - left ... i + seqlen_k - seqlen_q + right, -1 for an unbounded
@@ -685,9 +693,9 @@ def _check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     if heads_q % heads_k:
         raise ValueError(f"the number of query heads ({heads_q}) must be a multiple of the number "
                          f"of key/value heads ({heads_k})")
-    if backend == "tma" and (paged or seqused_k is not None):
-        raise ValueError("backend='tma' takes no seqused_k or page_table (the cp.async kernel "
-                         "reads a KV cache); use backend='sm80' or 'auto'")
+    if backend in PREFILL_ONLY and (paged or seqused_k is not None):
+        raise ValueError(f"backend={backend!r} takes no seqused_k or page_table (the cp.async "
+                         f"kernel reads a KV cache); use backend='sm80' or 'auto'")
     named = (("q", q), ("k", k), ("v", v)) + _checked_out(
         out, q, layout="(total_q, heads, head_dim)", rank=3)
     for name, t in named:
@@ -813,7 +821,7 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                      varlen=(True, varlen_k))
         else:
             kernel = _kernel_for(device_index, q.dtype, head_dim, features, backend,
-                                 varlen=True)
+                                 varlen=True, seqlen_q=max_seqlen_q)
         _launch(device_index, kernel,
                 _arguments(device_index, q4, k4, v4, out[None],
                            lse[None] if return_lse else _placeholders(device_index)[0], scale,

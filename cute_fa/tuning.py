@@ -18,13 +18,16 @@ import functools
 import math
 
 from .arch import ARCHS, SMEM_BYTES, Arch
-from .backends import REGISTRY, Sm80Key, TmaKey
+from .backends import REGISTRY, Sm80Key, Sm90Key, TmaKey
 from .layouts import TileConfig
 
 __all__ = ["ARCHS", "BACKENDS", "SMEM_BYTES", "TILES", "TMA_TILES", "kernel_key", "tile_config",
            "tiles_of", "forced_tile_arch", "max_kv_stages", "check_backend", "resolve_backend"]
 
-BACKENDS = ("sm80", "tma", "auto")
+BACKENDS = ("sm80", "tma", "sm90", "auto")
+# backends without the decode features (GQA packing, split-KV, paged or seqused_k caches):
+# asked for by name they run every call as prefill and refuse the cache arguments
+PREFILL_ONLY = ("tma", "sm90")
 
 TMA_TILES = {
     (64, False): [(128, 64, 128), (64, 64, 128)],
@@ -72,9 +75,12 @@ def check_backend(backend) -> str:
 
 
 def _require_support(backend: str, arch: str) -> None:
-    if not REGISTRY[backend].supports(arch):
-        raise ValueError(f"backend={backend!r} needs an sm{REGISTRY[backend].min_major}0 or newer "
-                         f"GPU; this one is {arch}; use backend='sm80' or 'auto'")
+    b = REGISTRY[backend]
+    if not b.supports(arch):
+        needs = (f"an sm{b.min_major}0 GPU (Hopper)" if b.max_major == b.min_major
+                 else f"an sm{b.min_major}0 or newer GPU")
+        raise ValueError(f"backend={backend!r} needs {needs}; this one is {arch}; use "
+                         f"backend='sm80' or 'auto'")
 
 
 def resolve_backend(arch: str, backend: str, head_dim: int, causal: bool) -> str:
@@ -89,12 +95,13 @@ def resolve_backend(arch: str, backend: str, head_dim: int, causal: bool) -> str
 def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str = "auto",
                lazy_rescale: bool = True, tile_arch: str | None = None, *,
                local: bool = False, softcap: bool = False, varlen: bool = False,
-               small_grid: bool = False):
+               small_grid: bool = False, seqlen_q: int | None = None):
     """The KernelKey `forward` compiles and launches for this problem.
 
     local, softcap, varlen: a sliding window's lower edge, a softcap, a ragged batch
     (`backends.KernelKey`); each keeps the tile, stages and register cap of the plain kernel
-    but where FEATURE_TILES says otherwise. small_grid: a causal call whose 128-row query blocks
+    but where FEATURE_TILES says otherwise. seqlen_q: the call's queries, where 'auto' depends
+    on them (`AUTO_SHORT_CAUSAL`). small_grid: a causal call whose 128-row query blocks
     would not fill the GPU's SMs once (`is_small_grid`) takes SMALL_GRID_TILES' tile where the
     arch and backend have one.
 
@@ -113,6 +120,9 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     if backend == "auto":
         backend = AUTO_FEATURES.get((tiles, head_dim_class(head_dim), causal,
                                      (local, softcap, varlen)), backend)
+    if backend == "auto" and causal and seqlen_q is not None and \
+            seqlen_q <= AUTO_SHORT_CAUSAL.get((tiles, head_dim_class(head_dim)), 0):
+        backend = "tma"
     backend = resolve_backend(tiles, backend, head_dim, causal)
     _require_support(backend, arch)  # the forced arch may have TMA where this one has not
     cfg = tile_config(tiles, dtype, head_dim, causal, backend)
@@ -128,6 +138,8 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
         cap = 0
     if backend == "sm80":
         return Sm80Key(arch, causal, cfg, ctas_per_sm=cap, **features)
+    if backend == "sm90":
+        return sm90_key(arch, dtype, head_dim, causal, **features)
     tile = TMA_TILE_EXCEPTIONS.get((tiles.rstrip("a"), cfg.head_dim_padded))
     if tile is not None and feature_tile is None:
         cfg = TileConfig(head_dim=head_dim, block_m=tile[0], block_n=tile[1],
@@ -143,6 +155,44 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     return TmaKey(arch, causal, cfg, ctas_per_sm=cap, kv_stages=stages,
                   lazy_rescale=bool(lazy_rescale), s_gemm_fine=not causal,
                   s_gemm_python_unrolled=causal, **features)
+
+
+# ---- the warp-specialized wgmma kernel (backend 'sm90', Hopper only) ----
+
+# (head_dim class, causal) -> (block_m, block_n, consumer threads): 64 query rows per consumer
+# warpgroup. The O accumulator (64 x head_dim per warpgroup) and S (64 x block_n) live in
+# registers, so block_n shrinks as head_dim grows: at 192 and 256 two K/V stages of 128 keys
+# would not fit the 227 KB of shared memory next to Q. Measured on the H200
+# (docs/perf/2026-12-01-h200-sm90/ab_tiles.jsonl, bf16): at head_dim 64 three consumer
+# warpgroups (192 rows, 160 registers each) took the non-causal kernel from 406 to 491
+# TFLOPs/s at S = 8k (275 -> 284 at 1k); the causal one spills 88 bytes at 160 registers and
+# keeps two. A third K/V stage at head_dim 128: 431 vs 401 at S = 1k, 612 vs 627 at 8k, equal
+# causal: two stages.
+SM90_TILES = {(64, False): (192, 128, 384), (64, True): (128, 128, 256),
+              (128, False): (128, 128, 256), (128, True): (128, 128, 256),
+              (192, False): (128, 112, 256), (192, True): (128, 112, 256),
+              (256, False): (128, 80, 256), (256, True): (128, 80, 256)}
+SM90_KV_STAGES = 2
+SM90_OVERLAP = True
+# head_dim class -> whether the consumer warpgroups take turns issuing their wgmmas. On at 64
+# to 192 (docs/perf/2026-12-01-h200-sm90/ab_schedule.jsonl: 624 vs 611 TFLOPs/s at head_dim
+# 128, S = 8k; 647 vs 637 at 192), off at 256, where a warpgroup's two GEMMs are long enough
+# to hide its softmax alone (643 vs 617 at S = 8k, 565 vs 512 at 1k).
+SM90_PINGPONG = {64: True, 128: True, 192: True, 256: False}
+
+
+def sm90_tile(dtype: str, head_dim: int, causal: bool) -> TileConfig:
+    block_m, block_n, threads = SM90_TILES[head_dim_class(head_dim), causal]
+    return TileConfig(head_dim=head_dim, block_m=block_m, block_n=block_n,
+                      num_threads=threads, dtype=dtype, wgmma=True)
+
+
+def sm90_key(arch: str, dtype: str, head_dim: int, causal: bool, **features) -> Sm90Key:
+    """The wgmma kernel's key: its tile, ring and schedule for this head_dim; features are
+    `kernel_key`'s (window, softcap, ragged batch, lpt)."""
+    cfg = sm90_tile(dtype, head_dim, causal)
+    return Sm90Key(arch, causal, cfg, kv_stages=SM90_KV_STAGES, intra_wg_overlap=SM90_OVERLAP,
+                   pingpong=SM90_PINGPONG[head_dim_class(head_dim)], **features)
 
 
 def max_kv_stages(cfg: TileConfig, smem_budget: int, ctas_per_sm: int = 2, cap: int = 4) -> int:
@@ -246,8 +296,10 @@ def is_small_grid(seqlen_q: int, heads_q: int, batch: int, num_sms: int) -> bool
 
 
 # (arch, head_dim class, causal, (local, softcap, varlen)) -> the backend 'auto' takes for a
-# feature kernel where it differs from AUTO's, and why: see FEATURE_TILES.
-AUTO_FEATURES = {("sm_90a", 256, True, (False, True, False)): "tma"}
+# feature kernel where it differs from AUTO's. Empty since the wgmma kernel: on sm_90a it runs
+# every prefill call (spill-free with every feature, tests/test_compile_sm90.py), so 'auto'
+# never reaches the one sm80 feature kernel that spills (FEATURE_TILES).
+AUTO_FEATURES: dict = {}
 SPILLING_FEATURE_KERNELS = {("sm_90a", "sm80", 256, True, (False, True, False)): 16}
 # Bytes of spill stores (and of loads) a feature kernel that keeps its plain tile may have:
 # the TMA kernel's (above; at most 44 bytes on sm_90a, none on sm_120a) and the decode
@@ -270,12 +322,21 @@ TMA_CTAS_PER_SM = {64: 3}
 # ptxas's choice.
 REGISTER_CAP_CTAS: dict = {("sm_90a", "tma", 64, True): 3}
 
-# 'auto' picks per (arch, head_dim class, causal); absent entries use the sm80 kernel.
-# Measured on the H200 (docs/perf/README.md, runs 12 and 13: TMA / sm80 mean 1.16x at head_dim
-# 128, 1.03x at 64 with the register cap above); sm120 is not measured here, so it stays on
-# sm80, and so do head_dim 192 / 256 (TMA 0.89x-0.93x of sm80 in an earlier side timing).
-AUTO: dict = {("sm_90a", 64, False): "tma", ("sm_90a", 64, True): "tma",
-              ("sm_90a", 128, False): "tma", ("sm_90a", 128, True): "tma"}
+# (arch, head_dim class) -> causal calls with at most this many queries take the TMA kernel
+# under 'auto' (with its small-grid tile where the grid is small): at head_dim 64 the causal
+# wgmma kernel runs 128-row tiles of two consumer warpgroups (three spill), and on short
+# sequences the TMA kernel's was faster on the H200 (docs/perf/2026-12-01-h200-sm90/: S = 1k
+# 210 vs 164 TFLOPs/s, 2k 265 vs 252; batch 1-4 GQA prefill at S <= 2000: 0.72x-0.94x), while
+# from S = 4k the wgmma kernel wins (328 vs 299).
+AUTO_SHORT_CAUSAL = {("sm_90a", 64): 2048}
+
+# 'auto' picks per (arch, head_dim class, causal); absent entries use the sm80 kernel. On
+# sm_90a the wgmma kernel, at every head_dim class: on the H200 it is 1.2x-1.6x the TMA
+# kernel, which was itself 1.16x the sm80 one at head_dim 128 (docs/perf/2026-12-01-h200-sm90/).
+# Decode calls (few queries, a KV cache) stay on the cp.async kernel's decode path. sm120 is
+# not measured here, so it stays on sm80.
+AUTO: dict = {("sm_90a", hd, causal): "sm90" for hd in (64, 128, 192, 256)
+              for causal in (False, True)}
 
 
 # ---- decode: GQA packing, split-KV, paged / seqused_k caches (the cp.async kernel) ----

@@ -46,7 +46,7 @@ def kernel_keys(arch: str = "sm_90a") -> list:
 
     keys = set()
     for head_dim, dtype, causal in KERNELS:
-        for backend in ("sm80", "tma"):
+        for backend in ("sm80", "tma", "sm90"):
             keys.add(kernel_key(arch, dtype, head_dim, causal, backend))
         for tile_arch, backend in OTHER_ARCH_TILES:
             keys.add(kernel_key(arch, dtype, head_dim, causal, backend, tile_arch=tile_arch))

@@ -3,7 +3,8 @@ refactor that should not change generated code, and compare (python tests/ptx_ha
 
 The kernels are those of tests/test_compile_forward.py: the sm80 kernel on sm_80, sm_90a and
 sm_120a and the TMA kernel on sm_90a and sm_120a, for every head_dim class, dtype and
-causality of the tile tables, plus the padded and eager cases.
+causality of the tile tables, plus the padded and eager cases; and the wgmma kernel's shipped
+configurations on sm_90a (tests/test_compile_sm90.py), last.
 """
 
 import hashlib
@@ -14,6 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from cute_fa.compiler import compile_kernel
 from cute_fa.tuning import kernel_key
 from test_compile_forward import ARCHS, CASES, TMA_CASES
+from test_compile_sm90 import PLAIN
 
 
 def keys() -> list:
@@ -22,6 +24,8 @@ def keys() -> list:
            for arch in ARCHS for head_dim, causal, dtype in CASES]
     out += [kernel_key(arch, dtype, head_dim, causal, "tma", lazy_rescale=lazy)
             for arch, head_dim, causal, dtype, lazy in TMA_CASES]
+    out += [kernel_key("sm_90a", dtype, head_dim, causal, "sm90")
+            for head_dim, dtype, causal in PLAIN]
     return out
 
 

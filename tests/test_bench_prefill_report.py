@@ -29,8 +29,9 @@ def test_small_shape_ratios():
     text = prefill_markdown(_result())
     row = next(line for line in text.splitlines() if line.startswith("| 1 | 2000 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    # cute_fa / large = 360 / 400; / sdpa_flash = 360 / 300; / best other (cuDNN 450) = 0.8
-    assert cells[-3:] == ["0.90", "1.20x", "0.80x"]
+    # cute_fa / large = 360 / 400; / sdpa_flash = 360 / 300; / sdpa_cudnn = 360 / 450; / best
+    # other (cuDNN 450) = 0.8
+    assert cells[-4:] == ["0.90", "1.20x", "0.80x", "0.80x"]
     assert "Large batches (the reference): D=128: 300, 500 (mean 400)" in text
     assert "Note: one run." in text
 

@@ -15,8 +15,8 @@ from cute_fa.compiler import compile_kernel, ptxas_resources
 from cute_fa.tuning import (AUTO_FEATURES, FEATURE_SPILL_BUDGET, FEATURE_TILES, SMEM_BYTES,
                             SPILLING_FEATURE_KERNELS, decode_key, kernel_key)
 
-ARCH_BACKENDS = [("sm_80", "sm80"), ("sm_90a", "sm80"), ("sm_90a", "tma"), ("sm_120a", "sm80"),
-                 ("sm_120a", "tma")]
+ARCH_BACKENDS = [("sm_80", "sm80"), ("sm_90a", "sm80"), ("sm_90a", "tma"), ("sm_90a", "sm90"),
+                 ("sm_120a", "sm80"), ("sm_120a", "tma")]
 ALL = (True, True, True)
 CASES = sorted({(arch, backend, hd, causal, ALL) for arch, backend in ARCH_BACKENDS
                 for hd in (64, 128, 192, 256) for causal in (True, False)}

@@ -2,7 +2,7 @@
 
 For each case the error of cute_fa must be at most about the error of torch SDPA
 (its default backend) on the same inputs: max|err_cute_fa| <= 2 * max|err_sdpa| + 1e-3 * scale.
-Every case runs on each backend: the sm80 (cp.async) kernel and the TMA kernel.
+Every case runs on each backend: the sm80 (cp.async) kernel, the TMA kernel and the wgmma kernel.
 """
 
 import math
@@ -14,7 +14,7 @@ from gpu_grid import OTHER_ARCH_TILES, SHAPES
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
-BACKENDS = ["sm80", "tma"]
+BACKENDS = ["sm80", "tma", "sm90"]
 
 
 def reference(q, k, v, *, causal, causal_offset, scale):
@@ -192,6 +192,6 @@ def test_bad_input_leaves_out_untouched():
     misaligned = torch.empty(q.numel() + 8, device="cuda", dtype=q.dtype)[1:1 + q.numel()]
     with pytest.raises(ValueError, match="16-byte"):
         cute_fa.forward(misaligned.view(q.shape), k, k, out=out)
-    with pytest.raises(ValueError, match="backend must be one of 'sm80', 'tma', 'auto'"):
+    with pytest.raises(ValueError, match="backend must be one of 'sm80', 'tma', 'sm90', 'auto'"):
         cute_fa.forward(q, k, k, out=out, backend="cudnn")
     assert (out == 7.0).all()

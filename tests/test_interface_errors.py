@@ -111,7 +111,7 @@ def test_argument_types_and_names():
 
 def test_backend_checked_before_device():
     q, k, v = qkv()
-    with pytest.raises(ValueError, match="backend must be one of 'sm80', 'tma', 'auto', got 'foo'"):
+    with pytest.raises(ValueError, match="backend must be one of 'sm80', 'tma', 'sm90', 'auto', got 'foo'"):
         cute_fa.forward(q, k, v, backend="foo")
     with pytest.raises(ValueError, match="backend must be one of"):
         cute_fa.sdpa(q, k, v, backend=None)

@@ -17,7 +17,7 @@ def qkv(b=2, sq=300, sk=300, hq=8, hk=2, d=64):
             torch.randn(b, sk, hk, d, dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize("backend", ["sm80", "tma"])
+@pytest.mark.parametrize("backend", ["sm80", "tma", "sm90"])
 def test_prefill(launches, backend):
     recorded, held = launches
     q, k, v = qkv()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from cute_fa.explain import FlashLayouts
+from layout_checks import assert_s_and_o_owned_once
 
 CONFIGS = [
     dict(head_dim=32, block_m=64, block_n=64, num_threads=128),
@@ -29,13 +30,7 @@ def _rows(L, tensor):
 
 
 def test_s_and_o_owned_exactly_once(lay):
-    c = lay.config
-    s = Counter(x for t in range(c.num_threads) for x in lay.s_coords(t))
-    assert set(s) == {(q, k) for q in range(c.block_m) for k in range(c.block_n)}
-    assert set(s.values()) == {1}
-    o = Counter(x for t in range(c.num_threads) for x in lay.o_coords(t))
-    assert set(o) == {(q, d) for q in range(c.block_m) for d in range(c.head_dim_padded)}
-    assert set(o.values()) == {1}
+    assert_s_and_o_owned_once(lay)
 
 
 def test_q_fragment_owned_exactly_once(lay):

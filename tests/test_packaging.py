@@ -37,7 +37,7 @@ def test_public_api_is_typed():
     assert "py.typed" in PYPROJECT["tool"]["setuptools"]["package-data"]["cute_fa"]
     hints = typing.get_type_hints(cute_fa.forward)
     assert hints["q"] is torch.Tensor and hints["causal"] is bool
-    assert set(typing.get_args(hints["backend"])) == {"auto", "sm80", "tma"}
+    assert set(typing.get_args(hints["backend"])) == {"auto", "sm80", "tma", "sm90"}
     assert typing.get_type_hints(cute_fa.sdpa)["return"] is torch.Tensor
     assert "arch" in typing.get_type_hints(cute_fa.precompile)
 

@@ -72,3 +72,18 @@ def test_without_the_flags_they_are_not_compiled(recorded):
 def test_flags_must_be_bools():
     with pytest.raises(TypeError, match="windows must be a bool"):
         cute_fa.precompile(head_dims=128, arch="sm_90a", windows=1)
+
+
+def test_short_and_long_causal_calls_use_precompiled_kernels(recorded):
+    """At head_dim 64 on sm_90a 'auto' takes the TMA kernel for short causal calls (with its
+    small-grid tile where the grid is small) and the wgmma kernel for long ones: precompile
+    covers all three."""
+    keys = set(cute_fa.precompile(head_dims=64, dtypes="bfloat16", causal=True, arch="sm_90a"))
+    recorded.clear()
+    for batch, seqlen, heads in ((1, 300, 8), (8, 1500, 32), (1, 3000, 8)):
+        q = torch.randn(batch, seqlen, heads, 64, dtype=torch.bfloat16)
+        cute_fa.forward(q, q, q, causal=True)
+    asked = set(recorded)
+    assert {k.backend for k in asked} == {"tma", "sm90"}
+    assert len({k.tile for k in asked if k.backend == "tma"}) == 2  # small grid and not
+    assert asked <= keys, asked - keys

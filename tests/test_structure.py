@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cute_fa.backends import REGISTRY, KernelKey, Sm80Key, TmaKey
+from cute_fa.backends import REGISTRY, KernelKey, Sm80Key, Sm90Key, TmaKey
 
 PACKAGE = Path(__file__).resolve().parent.parent / "cute_fa"
 
@@ -68,14 +68,18 @@ def test_reference_and_visibility_import_without_the_dsl():
 
 
 def test_registry_records():
-    assert set(REGISTRY) == {"sm80", "tma"}
+    assert set(REGISTRY) == {"sm80", "tma", "sm90"}
     assert REGISTRY["sm80"].key_type is Sm80Key and REGISTRY["tma"].key_type is TmaKey
+    assert REGISTRY["sm90"].key_type is Sm90Key
     for name, backend in REGISTRY.items():
         assert backend.name == name == backend.key_type.backend
         assert issubclass(backend.key_type, KernelKey)
         assert (PACKAGE / "kernels" / f"{backend.module}.py").is_file()
     assert REGISTRY["sm80"].supports("sm_80") and REGISTRY["sm80"].supports("sm_120a")
     assert not REGISTRY["tma"].supports("sm_86") and REGISTRY["tma"].supports("sm_90a")
+    # wgmma is Hopper's alone: sm100 and sm120 have no warpgroup MMA
+    assert REGISTRY["sm90"].supports("sm_90a") and not REGISTRY["sm90"].supports("sm_120a")
+    assert not REGISTRY["sm90"].supports("sm_100a") and not REGISTRY["sm90"].supports("sm_80")
 
 
 def test_build_refuses_another_backends_key():

@@ -23,8 +23,8 @@ def test_forced_tma_tables():
     own = kernel_key("sm_120a", "float16", 128, True, "tma")
     assert (k.tile, k.kv_stages, k.ctas_per_sm) == (own.tile, own.kv_stages, own.ctas_per_sm)
     assert k.tile.smem_bytes(k.kv_stages) <= SMEM_BYTES["sm_120a"]
-    # 'auto' follows the forced arch's choice (sm80 kernel on sm_120a), not the H200's (TMA)
-    assert kernel_key("sm_90a", "float16", 128, True, "auto").backend == "tma"
+    # 'auto' follows the forced arch's choice (sm80 kernel on sm_120a), not the H200's (wgmma)
+    assert kernel_key("sm_90a", "float16", 128, True, "auto").backend == "sm90"
     with tiles_of("sm_120a"):
         assert kernel_key("sm_90a", "float16", 128, True, "auto").backend == "sm80"
 

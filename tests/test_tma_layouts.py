@@ -100,10 +100,11 @@ def test_kv_stages_fit_shared_memory():
 
 def test_backend_choice_and_errors():
     assert resolve_backend("sm_80", "auto", 128, False) == "sm80"
-    assert resolve_backend("sm_90a", "auto", 64, True) == "tma"
+    assert resolve_backend("sm_90a", "auto", 64, True) == "sm90"
+    assert resolve_backend("sm_90a", "auto", 256, False) == "sm90"
     assert resolve_backend("sm_90a", "tma", 64, True) == "tma"
     assert resolve_backend("sm_120a", "sm80", 64, True) == "sm80"
-    with pytest.raises(ValueError, match="backend must be one of 'sm80', 'tma', 'auto', got 'wgmma'"):
+    with pytest.raises(ValueError, match="backend must be one of 'sm80', 'tma', 'sm90', 'auto', got 'wgmma'"):
         resolve_backend("sm_90a", "wgmma", 64, False)
     with pytest.raises(ValueError, match="backend='tma' needs an sm90 or newer GPU"):
         resolve_backend("sm_86", "tma", 64, False)

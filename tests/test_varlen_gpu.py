@@ -96,7 +96,7 @@ def ragged(lens_q, lens_k, hq, hk, d, dtype, gen):
     return q, k, v, cu_q, cu_k
 
 
-BACKENDS = ["sm80", "tma"]
+BACKENDS = ["sm80", "tma", "sm90"]
 DTYPES = [torch.bfloat16, torch.float16]
 
 

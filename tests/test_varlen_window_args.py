@@ -133,7 +133,9 @@ def test_varlen_launch(launches, backend):
     (key, args), = recorded
     named = _named(key, args)
     assert key.varlen_q and key.varlen_k and key.causal and not key.local and not key.softcap
-    assert key.backend == ("tma" if backend == "auto" else backend)  # auto: sm_90a's table
+    # auto on sm_90a: a causal call of head_dim 64 and at most 2048 queries (the longest entry
+    # has 17) takes the TMA kernel (tuning.AUTO_SHORT_CAUSAL), longer ones the wgmma kernel
+    assert key.backend == ("tma" if backend == "auto" else backend)
     # (1, total, heads, head_dim) views of the caller's tensors, no copies
     assert named["q"].shape == (1,) + q.shape and named["q"].data_ptr() == q.data_ptr()
     assert named["k"].shape == (1,) + k.shape and named["k"].data_ptr() == k.data_ptr()
@@ -264,3 +266,20 @@ def test_empty_varlen_batch_launches_nothing(launches):
     q, k, v, cu_q, cu_k, _, mk = ragged(lens_q=(0, 0), lens_k=(4, 4))
     out, lse = cute_fa.forward_varlen(q, k, v, cu_q, cu_k, 0, mk, return_lse=True)
     assert recorded == [] and out.shape == (0, 8, 64) and lse.shape == (8, 0)
+
+
+def test_auto_takes_the_wgmma_kernel_on_hopper(launches):
+    """sm_90a's 'auto': the wgmma kernel, but for causal calls of head_dim 64 with at most 2048
+    queries (the longest entry's, for a ragged batch)."""
+    recorded, _ = launches
+    q, k, v, cu_q, cu_k, mq, mk = ragged(d=128)
+    cute_fa.forward_varlen(q, k, v, cu_q, cu_k, mq, mk, causal=True)
+    q, k, v, cu_q, cu_k, mq, mk = ragged(lens_q=(2049, 5), d=64)
+    cute_fa.forward_varlen(q, k, v, cu_q, cu_k, mq, mk, causal=True)
+    cute_fa.forward_varlen(q, k, v, cu_q, cu_k, mq, mk, causal=False)
+    q, k, v, cu_q, cu_k, mq, mk = ragged(lens_q=(2048, 5), d=64)
+    cute_fa.forward_varlen(q, k, v, cu_q, cu_k, mq, mk, causal=True)
+    dense = torch.randn(1, 100, 2, 64, dtype=torch.bfloat16)
+    cute_fa.forward(dense, dense, dense, causal=True)
+    cute_fa.forward(dense, dense, dense, causal=False)
+    assert [key.backend for key, _ in recorded] == ["sm90", "sm90", "sm90", "tma", "tma", "sm90"]

@@ -8,6 +8,9 @@
 * `ring_timeline`: the K/V tiles in flight in the TMA kernel's ring, round by round.
 * `packed_rows_map`: decode's GQA packing: which (query, head) pair each tile row holds, and
   which warp holds it.
+* `warpgroup_owner_map`, `wgmma_lane_grid`, `smem_chunk_map`: the wgmma kernel's S tile of one
+  consumer warpgroup by warp and lane, a corner of it by thread and register, and the bank
+  groups of a K tile's chunks (from `WgmmaLayouts`).
 """
 
 from __future__ import annotations
@@ -207,4 +210,75 @@ def packed_rows_map(layouts, group: int, seqlen_q: int = 1, ax=None):
     useful = sum(r["query"] is not None for r in table)
     ax.set_title(f"group {group}, Sq {seqlen_q}: {useful} of {len(table)} rows useful\n"
                  f"(colour = warp holding S[row, key])", fontsize=8)
+    return ax
+
+
+def warpgroup_owner_map(wl, warpgroup: int = 0, ax=None):
+    """The 64 x block_n S tile of one consumer warpgroup (`WgmmaLayouts`): hue = warp of the
+    warpgroup, shade = lane, so each warp's 16-row band and each quad's column pairs show."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    cfg = wl.config
+    grid = np.full((64, cfg.block_n), -1)
+    for t in range(128 * warpgroup, 128 * (warpgroup + 1)):
+        for r, c in wl.s_coords(t):
+            grid[r - 64 * warpgroup, c] = t % 128  # warp * 32 + lane
+    shades = np.linspace(0.35, 0.95, WARP_SIZE)
+    colours = np.concatenate([matplotlib.colormaps[name](shades)
+                              for name in ("Blues", "Oranges", "Greens", "Purples")])
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.5 + 0.06 * cfg.block_n, 4.2))
+    ax.imshow(grid, cmap=matplotlib.colors.ListedColormap(colours), vmin=0, vmax=127,
+              interpolation="nearest", aspect="auto")
+    for w in range(4):
+        ax.text(cfg.block_n + 1, 16 * w + 7.5, f"warp {w}", va="center", fontsize=8)
+    ax.set_xlabel("key of the K tile")
+    ax.set_ylabel(f"row (tile row {64 * warpgroup} + ...)")
+    ax.set_title(f"S of consumer warpgroup {warpgroup}: colour = warp, shade = lane", fontsize=9)
+    return ax
+
+
+def wgmma_lane_grid(wl, rows=(0, 16), cols=(0, 16), ax=None):
+    """A corner of the S tile: which consumer thread holds each element, in which register."""
+    import matplotlib.pyplot as plt
+
+    (r0, r1), (c0, c1) = rows, cols
+    owner = np.full((r1 - r0, c1 - c0), -1)
+    slot = np.full_like(owner, -1)
+    for t in range(wl.config.num_threads):
+        for v, (r, c) in enumerate(wl.s_coords(t)):
+            if r0 <= r < r1 and c0 <= c < c1:
+                owner[r - r0, c - c0], slot[r - r0, c - c0] = t, v
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.5 * (c1 - c0) + 1, 0.42 * (r1 - r0) + 1))
+    ax.imshow(owner % WARP_SIZE, cmap="tab20", vmin=0, vmax=WARP_SIZE - 1,
+              interpolation="nearest", extent=(c0 - 0.5, c1 - 0.5, r1 - 0.5, r0 - 0.5))
+    for (i, j), t in np.ndenumerate(owner):
+        ax.text(c0 + j, r0 + i, f"T{t}\nv{slot[i, j]}", ha="center", va="center", fontsize=5.5)
+    ax.set_xlabel("key")
+    ax.set_ylabel("row")
+    ax.set_title("S: consumer thread (colour = lane) and register v", fontsize=9)
+    return ax
+
+
+def smem_chunk_map(wl, tensor: str = "K", rows: int = 8, ax=None):
+    """Bank group of every 16-byte chunk of the first `rows` rows of a Q/K/V tile
+    (`WgmmaLayouts.smem_chunk`), without and with the swizzle TMA and the descriptors use."""
+    import matplotlib.pyplot as plt
+
+    cfg = wl.config
+    width = cfg.head_dim_padded
+    step = 16 // cfg.elem_bytes  # elements per 16-byte chunk
+    maps = [np.array([[wl.smem_chunk(tensor, r, d, swizzled=sw)["bank_group"]
+                       for d in range(0, width, step)] for r in range(rows)])
+            for sw in (False, True)]
+    if ax is None:
+        _, ax = plt.subplots(2, 1, figsize=(1 + 0.42 * maps[0].shape[1], 2 * (0.4 * rows + 1)))
+    titles = ("without swizzle", f"{wl.swizzle_bytes(tensor)}-byte swizzle "
+              f"Swizzle<{','.join(map(str, wl.swizzle(tensor)))}> on bytes")
+    for a, groups, title in zip(ax, maps, titles):
+        _numbered_grid(a, groups, groups, 8, f"16-byte chunk of the row (d {step}j..{step}j+"
+                       f"{step - 1})", "row", f"{tensor}: bank group, {title}",
+                       cmap="tab10", vmin=0, vmax=9, aspect="auto")
     return ax

@@ -46,6 +46,8 @@ NOTEBOOKS = {
     "02_fragments_qk_pv.ipynb": "ownership grids of Q, K, S, V, O; row view, mask, quads (§7-§9)",
     "03_swizzle_and_copy.ipynb": "swizzle, bank maps, ldmatrix phases, the copy partition (§4-§6)",
     "04_tma_variant.ipynb": "the TMA kernel: tensor maps, the 128-byte swizzle, the mbarrier ring",
+    "05_hopper_warp_specialized.ipynb": "the wgmma kernel: warp roles, pipeline phases, wgmma "
+                                        "fragments, descriptor swizzle, the ping-pong",
 }
 _ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,8 @@ from .work import SeqlenInfo, shifted
 
 @cute.jit
 def store_O(cfg: cutlass.Constexpr, acc_O: cute.Tensor, tiled_mma: cute.TiledMma, sQ: cute.Tensor,
-            gO: cute.Tensor, cO: cute.Tensor, seqlen_q, tidx, row_shift: cutlass.Constexpr = None):
+            gO: cute.Tensor, cO: cute.Tensor, seqlen_q, tidx, row_shift: cutlass.Constexpr = None,
+            sync: cutlass.Constexpr = None):
     """Write the normalised O tile: registers -> sO (reusing sQ) -> 16-byte stores to gmem.
 
     The MMA layout scatters a row over a quad; going through smem lets each thread
@@ -19,6 +20,8 @@ def store_O(cfg: cutlass.Constexpr, acc_O: cute.Tensor, tiled_mma: cute.TiledMma
     gO/cO are the (block_m, head_dim_padded) tile of O and its identity coordinates.
     row_shift (GQA packing): a function of a row's coordinate giving the element offset from
     its place in gO to its place in O; seqlen_q then counts the packed rows.
+    sync: the barrier of the threads that store (default: the whole CTA's); a warp-specialized
+    kernel passes its consumers' named barrier, since its producer warps never get here.
     """
     dtype = cutlass_dtype(cfg.dtype)
     rO = cute.make_fragment_like(acc_O, dtype)
@@ -29,9 +32,10 @@ def store_O(cfg: cutlass.Constexpr, acc_O: cute.Tensor, tiled_mma: cute.TiledMma
     # Every warp is past its last read of sQ, and no Q copy is still landing there
     # (a CTA whose rows see no key at all runs no round, so nothing waited for Q).
     cute.arch.cp_async_wait_group(0)
-    cute.arch.barrier()
+    barrier = cute.arch.barrier if cutlass.const_expr(sync is None) else sync
+    barrier()
     cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
-    cute.arch.barrier()
+    barrier()
 
     s2g = copies.gmem_tiled_copy_o(cfg)
     thr_s2g = s2g.get_slice(tidx)
@@ -75,10 +79,12 @@ def store_LSE(lse: cute.Tensor, query0, row_offsets: cutlass.Constexpr, gLSE: cu
 
 @cute.jit
 def write_outputs(cfg: cutlass.Constexpr, f, sQ: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                  batch, head, m_block, seqlen: SeqlenInfo, query0, write_lse, tidx):
+                  batch, head, m_block, seqlen: SeqlenInfo, query0, write_lse, tidx,
+                  sync: cutlass.Constexpr = None):
     """The end of every forward kernel: normalise O, store it and, if asked, LSE.
 
-    f is the thread's `thread_mma.ThreadMma`; query0 the global row of its first S row.
+    f is the thread's `thread_mma.ThreadMma` (or `thread_wgmma.ThreadWgmma`); query0 the global
+    row of its first S row; sync: `store_O`'s.
     """
     bm, dp = cfg.block_m, cfg.head_dim_padded
     seqlen_q = seqlen.seqlen_q
@@ -87,7 +93,7 @@ def write_outputs(cfg: cutlass.Constexpr, f, sQ: cute.Tensor, mO: cute.Tensor, m
     cO = cute.local_tile(cute.make_identity_tensor((seqlen_q, cfg.head_dim)), (bm, dp),
                          (m_block, 0))
     gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (bm, dp), (m_block, 0))
-    store_O(cfg, f.acc_O, f.tiled_mma, sQ, gO, cO, seqlen_q, tidx)
+    store_O(cfg, f.acc_O, f.tiled_mma, sQ, gO, cO, seqlen_q, tidx, sync=sync)
     if write_lse != 0:  # else mLSE is a placeholder: the caller did not ask for LSE
         quad_bits = sum(f.reduce_offsets)  # distinct powers of two
         store_LSE(lse, query0, f.row_offsets, seqlen.lse_row(mLSE, batch, head), seqlen_q,

@@ -169,10 +169,85 @@ class FlashFwdBase:
             return KeyRange(causal_offset, hi, lo, n_block_max, window_offset)
         return KeyRange(causal_offset, n_block_max, n_block_first, None, window_offset)
 
-    def _launch(self, kernel_call, grid, storage, stream):
-        kernel_call.launch(grid=grid, block=(self.cfg.num_threads, 1, 1),
+    def _launch(self, kernel_call, grid, storage, stream, threads=None):
+        """threads: the CTA's threads where they are not the tile's (a warp-specialized
+        kernel adds its producer warpgroup)."""
+        kernel_call.launch(grid=grid, block=(threads or self.cfg.num_threads, 1, 1),
                            smem=storage.size_in_bytes(), stream=stream,
                            **occupancy_options(self.ctas_per_sm))
+
+    @staticmethod
+    def _entry_coords(tma_X: cute.Tensor, batch, head, offset):
+        """The (seqlen, head_dim) TMA coordinates of one batch entry's rows of `head`; in a
+        ragged batch, those of the packed (total, ...) tensor from the entry's first row. Its
+        tiles may run into the next entry's rows: those are read but masked (K), multiplied
+        by zero weights (V) or not stored (Q's rows past the entry)."""
+        if offset is None:
+            return tma_X[None, None, head, batch]
+        return cute.domain_offset((offset, 0), tma_X[None, None, head, 0])
+
+    def _tma_partitions(self, storage, stages, tma_atom_Q, tma_Q, tma_atom_K, tma_K,
+                        tma_atom_V, tma_V, tile, seqlen: SeqlenInfo) -> tuple:
+        """The TMA partitions of this CTA's Q tile and of its entry's K and V blocks, between
+        global memory (TMA coordinates) and the shared tiles in the copy engine's notation
+        (byte-level swizzle, `tma.tma_smem_layout`; `storage`'s sQ, sK and sV, the latter two
+        rings of `stages`): (tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV), K's and V's indexed
+        [None, key block] and [None, stage]."""
+        from cutlass.cute.nvgpu import cpasync
+
+        from ..layouts import tma
+
+        cfg = self.cfg
+        bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
+        sQ_tma = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q"))
+        sK_tma = storage.sK.get_tensor(tma.tma_smem_layout(cfg, "K", stages))
+        sV_tma = storage.sV.get_tensor(tma.tma_smem_layout(cfg, "V", stages))
+        gQ = cute.local_tile(self._entry_coords(tma_Q, tile.batch, tile.head, seqlen.offset_q),
+                             (bm, dp), (tile.m_block, 0))
+        gK = cute.local_tile(self._entry_coords(tma_K, tile.batch, tile.head_kv,
+                                                seqlen.offset_k), (bn, dp), (None, 0))
+        gV = cute.local_tile(self._entry_coords(tma_V, tile.batch, tile.head_kv,
+                                                seqlen.offset_k), (bn, dp), (None, 0))
+        one_cta = cute.make_layout(1)
+        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one_cta, cute.group_modes(sQ_tma, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one_cta, cute.group_modes(sK_tma, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one_cta, cute.group_modes(sV_tma, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        return tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV
+
+    def _n_rounds(self, n_block_max, n_block_min):
+        """Rounds of the CTA: every key block below n_block_max, from n_block_min with a
+        window (without one the subtraction of 0 is left out, keeping the PTX as it was)."""
+        if cutlass.const_expr(self.local):
+            return n_block_max - n_block_min
+        return n_block_max
+
+    def _masked_round(self, ctx: "RoundContext", i):
+        """Whether round i (key block n_block_max - 1 - i) may need the mask: `_rounds`'s rule
+        for a kernel that writes its own loop (no split-KV)."""
+        if cutlass.const_expr(self.local):
+            n_block = ctx.n_block_max - 1 - i
+            return ((n_block >= ctx.n_block_max - self.mask_steps)
+                    | (n_block * self.cfg.block_n < ctx.window_edge))
+        return i < self.mask_steps
+
+    def _tma_work(self, tma_Q, tma_K, causal_offset, mCuSeqlensQ, mCuSeqlensK, window_left,
+                  window_right) -> tuple:
+        """(tile, SeqlenInfo, KeyRange) of this CTA for a kernel whose Q and K are TMA tensors
+        ((seqlen, head_dim, heads, batch)); in a ragged batch causal is bottom-right per entry."""
+        if cutlass.const_expr(not (self.varlen_q or self.varlen_k or self.local)):
+            seqlen = SeqlenInfo(tma_Q.shape[0], tma_K.shape[0])
+            tile, keys = self._work(tma_Q.shape[2], tma_K.shape[2], seqlen, causal_offset)
+            return tile, seqlen, keys
+        tile = self.scheduler.tile(tma_Q.shape[2], tma_K.shape[2])
+        seqlen = SeqlenInfo.of(tile.batch, tma_Q.shape[0], tma_K.shape[0], mCuSeqlensQ,
+                               mCuSeqlensK)
+        if cutlass.const_expr(self.varlen_q or self.varlen_k):
+            causal_offset = seqlen.seqlen_k - seqlen.seqlen_q
+        keys = self._key_range(tile, seqlen, causal_offset, window_left, window_right)
+        return tile, seqlen, keys
 
     def _work(self, heads_q, heads_kv, seqlen: SeqlenInfo, causal_offset):
         """(tile, KeyRange) of this CTA, for the dense call without a window."""
@@ -232,16 +307,7 @@ class FlashFwdBase:
         acc_S.fill(0.0)
         self.before_s(ctx, slot, masked)
         self.gemm_s(ctx, slot, acc_S)
-        if cutlass.const_expr(self.softcap):
-            mask.apply_softcap(acc_S, ctx.softcap_scale)
-
-        acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
-        if masked:
-            at = ctx.mask_at
-            mask.apply_mask(acc_S_mn, at.row_offsets, at.col_offsets, at.query0,
-                            slot.n_block * cfg.block_n + at.col0, ctx.seqlen.seqlen_k,
-                            ctx.causal_offset, self.causal, self.group, ctx.window_offset)
-        scale = thr.softmax.step(acc_S_mn)
+        scale = self._scores(ctx, acc_S, mma_mod.acc_rowcol_layout, slot.n_block, masked)
         thr.softmax.rescale_O(thr.acc_O_mn, scale)
         self.after_softmax(ctx, slot)
 
@@ -251,6 +317,21 @@ class FlashFwdBase:
         self.before_pv(ctx, slot)
         self.gemm_o(ctx, slot, tOrP)
         self.after_round(ctx, slot)
+
+    @cute.jit
+    def _scores(self, ctx: RoundContext, acc_S, rowcol: cutlass.Constexpr, n_block, masked):
+        """One round's S, in place, into the softmax's weights: softcap, mask (where `masked`),
+        online softmax over the (row, col) view `rowcol(acc_S.layout)` of the accumulator;
+        returns the factors O's rows must be multiplied by."""
+        if cutlass.const_expr(self.softcap):
+            mask.apply_softcap(acc_S, ctx.softcap_scale)
+        acc_S_mn = cute.make_tensor(acc_S.iterator, rowcol(acc_S.layout))
+        if masked:
+            at = ctx.mask_at
+            mask.apply_mask(acc_S_mn, at.row_offsets, at.col_offsets, at.query0,
+                            n_block * self.cfg.block_n + at.col0, ctx.seqlen.seqlen_k,
+                            ctx.causal_offset, self.causal, self.group, ctx.window_offset)
+        return ctx.thr.softmax.step(acc_S_mn)
 
     def _epilogue(self, ctx: RoundContext, sQ, mO, mLSE, tile, write_lse, tidx, scratch=None,
                   warp=None):

@@ -42,7 +42,6 @@ from ..layouts import ring, smem, tma
 from .fwd_base import FlashFwdBase, RoundContext, RoundSlot
 from .gemm import gemm_ldmatrix
 from .thread_mma import thread_mma
-from .work import SeqlenInfo
 
 # log2 units: O is rescaled once the pending factor would drop below 2^-8 (softmax.py says why
 # that is safe)
@@ -114,22 +113,11 @@ class FlashFwdTma(FlashFwdBase):
                window_right: Optional[cutlass.Int32], softcap_scale: Optional[cutlass.Float32]):
         cfg = self.cfg
         stages = self.kv_stages
-        bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
-        # TMA order: (seqlen, head_dim, heads, batch)
-        if cutlass.const_expr(not (self.varlen_q or self.varlen_k or self.local)):
-            seqlen = SeqlenInfo(tma_Q.shape[0], tma_K.shape[0])
-            tile, keys = self._work(tma_Q.shape[2], tma_K.shape[2], seqlen, causal_offset)
-        else:
-            tile = self.scheduler.tile(tma_Q.shape[2], tma_K.shape[2])
-            seqlen = SeqlenInfo.of(tile.batch, tma_Q.shape[0], tma_K.shape[0], mCuSeqlensQ,
-                                   mCuSeqlensK)
-            if cutlass.const_expr(self.varlen_q or self.varlen_k):
-                causal_offset = seqlen.seqlen_k - seqlen.seqlen_q  # bottom-right, per entry
-            keys = self._key_range(tile, seqlen, causal_offset, window_left, window_right)
+        tile, seqlen, keys = self._tma_work(tma_Q, tma_K, causal_offset, mCuSeqlensQ,
+                                            mCuSeqlensK, window_left, window_right)
         n_block_max = keys.n_block_max
         n_rounds = self._n_rounds(n_block_max, keys.n_block_min)
-        m_block, head, batch, head_kv = tile.m_block, tile.head, tile.batch, tile.head_kv
 
         storage = cutlass.memory.SmemAllocator().allocate(Storage)
         sQ = storage.sQ.get_tensor(sQ_layout)
@@ -140,24 +128,9 @@ class FlashFwdTma(FlashFwdBase):
         mbar = storage.mbar.data_ptr()
         bar_Q, bar_K, bar_V, bar_E = (mbar + i for i in (bars.q, bars.k, bars.v, bars.empty))
 
-        # the same bytes in the copy engine's notation (byte-level swizzle), for TMA only
-        sQ_tma = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q"))
-        sK_tma = storage.sK.get_tensor(tma.tma_smem_layout(cfg, "K", stages))
-        sV_tma = storage.sV.get_tensor(tma.tma_smem_layout(cfg, "V", stages))
-
-        gQ = cute.local_tile(self._entry_coords(tma_Q, batch, head, seqlen.offset_q), (bm, dp),
-                             (m_block, 0))
-        gK = cute.local_tile(self._entry_coords(tma_K, batch, head_kv, seqlen.offset_k),
-                             (bn, dp), (None, 0))
-        gV = cute.local_tile(self._entry_coords(tma_V, batch, head_kv, seqlen.offset_k),
-                             (bn, dp), (None, 0))
-        one_cta = cute.make_layout(1)
-        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one_cta, cute.group_modes(sQ_tma, 0, 2),
-                                           cute.group_modes(gQ, 0, 2))
-        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one_cta, cute.group_modes(sK_tma, 0, 2),
-                                           cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one_cta, cute.group_modes(sV_tma, 0, 2),
-                                           cute.group_modes(gV, 0, 2))
+        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self._tma_partitions(
+            storage, stages, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tile,
+            seqlen)
         box_Q, box_KV = tma.tma_box(cfg, "Q"), tma.tma_box(cfg, "K")
         loads = TmaLoads(tma_atom_K, tKgK, tKsK, bar_K, tma_atom_V, tVgV, tVsV, bar_V, bar_E,
                          box_KV.tile_bytes)
@@ -195,26 +168,9 @@ class FlashFwdTma(FlashFwdBase):
         # buffer for O, so that no TMA write can land on top of O
         cute.arch.mbarrier_wait(bar_Q, 0)
 
-        ctx = self._context(thr, m_block, seqlen, keys, loads, softcap_scale=softcap_scale)
+        ctx = self._context(thr, tile.m_block, seqlen, keys, loads, softcap_scale=softcap_scale)
         self._rounds(ctx)
         self._epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx)
-
-    def _n_rounds(self, n_block_max, n_block_min):
-        """Rounds of the CTA: every key block below n_block_max, from n_block_min with a
-        window (without one the subtraction of 0 is left out, keeping the PTX as it was)."""
-        if cutlass.const_expr(self.local):
-            return n_block_max - n_block_min
-        return n_block_max
-
-    @staticmethod
-    def _entry_coords(tma_X: cute.Tensor, batch, head, offset):
-        """The (seqlen, head_dim) TMA coordinates of one batch entry's rows of `head`; in a
-        ragged batch, those of the packed (total, ...) tensor from the entry's first row. Its
-        tiles may run into the next entry's rows: those are read but masked (K), multiplied
-        by zero weights (V) or not stored (Q's rows past the entry)."""
-        if offset is None:
-            return tma_X[None, None, head, batch]
-        return cute.domain_offset((offset, 0), tma_X[None, None, head, 0])
 
     @cute.jit
     def _load_kv(self, ld: TmaLoads, round_index, n_block):

@@ -17,29 +17,48 @@ from .softmax import OnlineSoftmax
 
 
 @dataclass(frozen=True)
-class ThreadMma:
-    """One thread's MMA state: the TiledMMA and its slice, the register fragments and O
-    accumulator (with its row view), the ldmatrix copies and their smem/register views (ldsm),
-    where its S accumulator sits in the tile (row0/col0 and constant row/column offsets), the
-    row all-reduce offsets, and the online softmax over its rows."""
+class ThreadRows:
+    """What the mask, the softmax and the epilogue read of a thread, whichever MMA made it:
+    the TiledMMA whose C layout O has, the O accumulator (and its row view), where its S
+    accumulator sits in the tile (row0/col0 and constant row/column offsets), the row
+    all-reduce offsets, and the online softmax over its rows."""
 
     tiled_mma: object
-    thr_mma: object
-    tSrQ: object
-    tSrK: object
-    tOrVt: object
     acc_O: object
     acc_O_mn: object
-    s2r_q: object
-    s2r_k: object
-    s2r_v: object
-    ldsm: dict
     row0: object
     col0: object
     row_offsets: tuple
     col_offsets: tuple
     reduce_offsets: tuple
     softmax: OnlineSoftmax
+
+
+@dataclass(frozen=True)
+class ThreadMma(ThreadRows):
+    """One mma.sync thread: its slice, the register fragments, the ldmatrix copies and their
+    smem/register views (ldsm)."""
+
+    thr_mma: object
+    tSrQ: object
+    tSrK: object
+    tOrVt: object
+    s2r_q: object
+    s2r_k: object
+    s2r_v: object
+    ldsm: dict
+
+
+def tile_place(tScS_mn) -> dict:
+    """row0, col0 (the first (query, key) of a thread's S accumulator in the tile, dynamic) and
+    the constant offsets of its rows and columns from them, read from the static layout of its
+    (row, col) view of a partitioned identity tensor."""
+    row0, col0 = tScS_mn[0, 0]
+    rc_offsets = _read.offsets(tScS_mn.layout, 2)
+    n_rows = cute.size(tScS_mn.shape[0])
+    return dict(row0=row0, col0=col0,
+                row_offsets=tuple(int(x) for x in rc_offsets[:n_rows, 0]),
+                col_offsets=tuple(int(x) for x in rc_offsets[::n_rows, 1]))
 
 
 def thread_mma(cfg: TileConfig, tidx, sQ, sK, sVt, sK_one, sVt_one, scale_log2,
@@ -66,21 +85,12 @@ def thread_mma(cfg: TileConfig, tidx, sQ, sK, sVt, sK_one, sVt_one, scale_log2,
         tOsVt=thr_s2r_v.partition_S(sVt), tOrVt_view=thr_s2r_v.retile(tOrVt),
     )
 
-    cS = cute.make_identity_tensor((bm, bn))
-    tScS = thr_mma.partition_C(cS)
-    tScS_mn = cute.make_tensor(tScS.iterator, mma_mod.acc_rowcol_layout(tScS.layout))
-    # this thread's first (query, key) in the tile, and the constant offsets of its
-    # rows and columns from it
-    row0, col0 = tScS_mn[0, 0]
-    rc_offsets = _read.offsets(tScS_mn.layout, 2)
-    n_rows = cute.size(tScS_mn.shape[0])
+    tScS = thr_mma.partition_C(cute.make_identity_tensor((bm, bn)))
+    place = tile_place(cute.make_tensor(tScS.iterator, mma_mod.acc_rowcol_layout(tScS.layout)))
     offsets = mma_mod.row_reduce_offsets(tiled_mma)
     return ThreadMma(
         tiled_mma=tiled_mma, thr_mma=thr_mma, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O,
         acc_O_mn=cute.make_tensor(acc_O.iterator, mma_mod.acc_rowcol_layout(acc_O.layout)),
-        s2r_q=s2r_q, s2r_k=s2r_k, s2r_v=s2r_v, ldsm=ldsm, row0=row0, col0=col0,
-        row_offsets=tuple(int(x) for x in rc_offsets[:n_rows, 0]),
-        col_offsets=tuple(int(x) for x in rc_offsets[::n_rows, 1]),
-        reduce_offsets=offsets,
-        softmax=OnlineSoftmax(n_rows, scale_log2, offsets, lazy_threshold),
-    )
+        s2r_q=s2r_q, s2r_k=s2r_k, s2r_v=s2r_v, ldsm=ldsm, reduce_offsets=offsets,
+        softmax=OnlineSoftmax(len(place["row_offsets"]), scale_log2, offsets, lazy_threshold),
+        **place)

@@ -62,6 +62,9 @@ class TileConfig:
                  w // key_groups and keys (w % key_groups) * warp_keys ... of every K/V tile;
                  the warps' partial softmax results are combined at the end. `mma_tile` is
                  one warp's tile.
+    wgmma:       the tile of the warp-specialized wgmma kernel (`layouts.wgmma`): num_threads
+                 counts its consumer warpgroups' threads (64 query rows per warpgroup), and K/V
+                 arrive by TMA, so block_n need not divide into copy passes.
     """
 
     head_dim: int = 64
@@ -70,6 +73,7 @@ class TileConfig:
     num_threads: int = 128
     dtype: str = "float16"
     warps_split_keys: bool = False
+    wgmma: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -107,7 +111,7 @@ class TileConfig:
         rows = self.copy_rows_per_pass
         if rows > nt:
             raise ValueError(f"num_threads={nt} is too few for one copy pass")
-        for name, value in (("block_m", bm), ("block_n", bn)):
+        for name, value in (("block_m", bm),) + ((("block_n", bn),) if not self.wgmma else ()):
             if value % rows:
                 raise ValueError(
                     f"{name} must be a multiple of {rows}: {nt} threads copy {rows} rows "

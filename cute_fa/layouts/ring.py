@@ -35,3 +35,33 @@ class RingBarriers:
     @property
     def count(self) -> int:
         return 1 + 3 * self.stages
+
+
+@dataclass(frozen=True)
+class PipelineBarriers:
+    """Where the wgmma kernel's mbarriers sit: Q's; per stage K full and V full (the TMA bytes
+    have landed; one arrival, the producer's expect_tx), then K empty and V empty (every
+    consumer warp is done reading; one arrival per consumer warp). K and V have their own
+    "empty" so that the producer can refill a stage's K while its V is still being read (the
+    intra-warpgroup overlap reads K one round ahead of V). Stage and phase of round i:
+    `ring_slot`, for both kinds; the producer waits for the "empty" of round i - stages."""
+
+    stages: int
+    q = 0
+    k_full = 1
+
+    @property
+    def v_full(self) -> int:
+        return 1 + self.stages
+
+    @property
+    def k_empty(self) -> int:
+        return 1 + 2 * self.stages
+
+    @property
+    def v_empty(self) -> int:
+        return 1 + 3 * self.stages
+
+    @property
+    def count(self) -> int:
+        return 1 + 4 * self.stages

@@ -71,13 +71,14 @@ def smem_layout(cfg: TileConfig, tensor: str):
     return builders[tensor](cfg)
 
 
-def shared_storage(cfg: TileConfig, stages: int = 0):
+def shared_storage(cfg: TileConfig, stages: int = 0, barriers: int = 0):
     """The CTA's shared memory: one Q tile (reused for O) and one K and one V tile, or with
     `stages` a ring of K and V tiles and its mbarriers: one for Q; per stage one for K and one
     for V (the tile has landed) and one "empty" (every thread is done reading the stage).
 
     1024-byte alignment keeps every swizzle atom on the bank pattern it was laid out for
-    (TMA's 128-byte swizzle requires it).
+    (TMA's 128-byte swizzle requires it). barriers: the mbarrier count where it is not the
+    TMA kernel's ring's (`ring.RingBarriers`; the wgmma kernel's `ring.PipelineBarriers`).
     """
     import cutlass
 
@@ -98,7 +99,8 @@ def shared_storage(cfg: TileConfig, stages: int = 0):
 
     @cute.struct
     class RingStorage:
-        mbar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, RingBarriers(stages).count], 8]
+        mbar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64,
+                                                     barriers or RingBarriers(stages).count], 8]
         sQ: cute.struct.Align[cute.struct.MemRange[dtype, q_elems], 1024]
         sK: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
         sV: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]

@@ -85,3 +85,14 @@ def tma_load(cfg: TileConfig, tensor: str, gmem):
     layout = tma_smem_layout(cfg, tensor)
     return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), gmem, layout,
                                        (rows, cfg.head_dim_padded))
+
+
+def tma_store(cfg: TileConfig, gmem):
+    """(atom, tma_tensor) storing one O tile of `gmem` (TMA order) from shared memory laid out
+    as `tma_smem_layout(cfg, "Q")`; rows past seqlen and columns past head_dim are not
+    written (the tensor map's bounds)."""
+    from cutlass.cute.nvgpu import cpasync
+
+    return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), gmem,
+                                       tma_smem_layout(cfg, "Q"),
+                                       (cfg.block_m, cfg.head_dim_padded))

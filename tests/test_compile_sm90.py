@@ -1,0 +1,106 @@
+"""The wgmma kernel (backend 'sm90') compiles for sm_90a in every shipped configuration: no
+spills (ptxas), shared memory within the arch's, wgmma and setmaxnreg in the PTX; and its key
+and tile rules refuse what it cannot run, before any tracing."""
+
+import dataclasses
+import re
+
+import pytest
+
+from cute_fa.backends import REGISTRY, Sm90Key
+from cute_fa.compiler import compile_kernel, ptxas_resources
+from cute_fa.layouts import TileConfig, wgmma
+from cute_fa.tuning import SM90_TILES, SMEM_BYTES, kernel_key
+
+# every head_dim class, both dtypes, causal or not; and the features on top
+PLAIN = [(hd, dtype, causal) for hd in (64, 128, 192, 256) for dtype in ("bfloat16", "float16")
+         for causal in (False, True)]
+
+
+def _check(key):
+    ptx = compile_kernel(key, keep_ptx=True).__ptx__
+    assert re.search(r"^\.target sm_90a\b", ptx, re.M)
+    # both GEMMs are warpgroup MMAs: S = Q K^T reads both operands through smem descriptors,
+    # O += P V reads P from registers (its A operand is a register list, not a descriptor)
+    wgmmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.(?:bf16|f16)"
+                        r"\.(?:bf16|f16)\s+\{[^}]*\},\s*(\{|%rd)", ptx)
+    ns = {int(n) for n, _ in wgmmas}
+    assert key.tile.block_n in ns and key.tile.head_dim_padded in ns, ns
+    assert any(a == "{" for _, a in wgmmas), "no register-A (RS) wgmma for P V"
+    assert "setmaxnreg.dec.sync.aligned.u32" in ptx and "setmaxnreg.inc.sync.aligned.u32" in ptx
+    assert "mma.sync" not in ptx
+    # O leaves by one TMA store from stmatrix-written smem, but in ragged batches
+    stored_by_tma = key.tma_store and not key.varlen_q
+    assert bool(re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)) == stored_by_tma
+    assert ("stmatrix" in ptx) == stored_by_tma
+    res = ptxas_resources(ptx, "sm_90a")
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
+    stages = key.kv_stages
+    assert key.tile.smem_bytes(stages) + 1024 <= SMEM_BYTES["sm_90a"]
+
+
+@pytest.mark.parametrize("head_dim, dtype, causal", PLAIN, ids=str)
+def test_shipped_kernel_compiles(head_dim, dtype, causal):
+    key = kernel_key("sm_90a", dtype, head_dim, causal, "sm90")
+    assert isinstance(key, Sm90Key) and key.tile.wgmma and key.lpt == causal
+    assert (key.tile.block_m, key.tile.block_n, key.tile.num_threads) == \
+        SM90_TILES[head_dim, causal]
+    _check(key)
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 160, 200])
+def test_padded_head_dims_compile(head_dim):
+    _check(kernel_key("sm_90a", "bfloat16", head_dim, True, "sm90"))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_feature_kernels_compile(head_dim):
+    _check(kernel_key("sm_90a", "bfloat16", head_dim, True, "sm90", local=True, softcap=True,
+                      varlen=True))
+
+
+@pytest.mark.parametrize("changes", [dict(pingpong=False), dict(intra_wg_overlap=False),
+                                     dict(pingpong=False, intra_wg_overlap=False),
+                                     dict(tma_store=False)], ids=str)
+def test_schedule_variants_compile(changes):
+    """The A/B variants of docs/perf (each step of the schedule off)."""
+    _check(dataclasses.replace(kernel_key("sm_90a", "bfloat16", 128, False, "sm90"), **changes))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_120a"])
+def test_sm90_is_hopper_only(arch):
+    assert not REGISTRY["sm90"].supports(arch)
+    with pytest.raises(ValueError, match=r"backend='sm90' needs an sm90 GPU \(Hopper\)"):
+        kernel_key(arch, "bfloat16", 128, False, "sm90")
+
+
+def test_tile_rules():
+    with pytest.raises(ValueError, match="block_m must be 64 per consumer warpgroup = 128"):
+        wgmma.check_tile(TileConfig(head_dim=64, block_m=256, block_n=64, num_threads=256,
+                                    wgmma=True))
+    with pytest.raises(ValueError, match="num_threads must be 128, 256 or 384"):
+        wgmma.check_tile(TileConfig(head_dim=64, block_m=256, block_n=64, num_threads=512,
+                                    wgmma=True))
+    with pytest.raises(ValueError, match="kv_stages must be at least 2"):
+        REGISTRY["sm90"].build(dataclasses.replace(
+            kernel_key("sm_90a", "bfloat16", 64, False, "sm90"), kv_stages=1))
+    # K/V arrive by TMA: block_n need not divide into the copy passes of 256 threads
+    TileConfig(head_dim=256, block_m=128, block_n=80, num_threads=256, wgmma=True)
+    with pytest.raises(ValueError, match="block_n must be a multiple of 32"):
+        TileConfig(head_dim=256, block_m=128, block_n=80, num_threads=256)
+
+
+def test_auto_choice_on_hopper():
+    """'auto' on sm_90a: the wgmma kernel, but for short causal calls at head_dim 64, where the
+    TMA kernel measured faster (tuning.AUTO_SHORT_CAUSAL)."""
+    def backend(hd, causal, seqlen_q=None, **kw):
+        return kernel_key("sm_90a", "bfloat16", hd, causal, "auto", seqlen_q=seqlen_q,
+                          **kw).backend
+
+    assert backend(64, True, 2048) == "tma" and backend(48, True, 1) == "tma"
+    assert backend(64, True, 2049) == "sm90" and backend(64, False, 1024) == "sm90"
+    assert backend(128, True, 512) == "sm90" and backend(256, True, 100) == "sm90"
+    assert backend(64, True, None) == "sm90"  # no length given: the long-sequence choice
+    assert backend(64, True, 1024, varlen=True, local=True) == "tma"
+    assert kernel_key("sm_80", "bfloat16", 64, True, "auto", seqlen_q=100).backend == "sm80"
+    assert kernel_key("sm_120a", "bfloat16", 128, True, "auto").backend == "sm80"
