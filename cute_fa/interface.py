@@ -19,11 +19,10 @@ from .compiler import get_kernel, memory_cache
 from .arch import Arch
 from .backends import MergeKey
 from .layouts.config import check_head_dim
-from .tuning import (AUTO_SHORT_CAUSAL, BACKENDS, DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE,
-                     MAX_SEQLEN_Q, MAX_SPLITS, PREFILL_ONLY, head_dim_class,
-                     check_backend, decode_ctas_per_sm, decode_key, decode_rows_class,
-                     forced_tile_arch, is_small_grid, kernel_key, num_splits_heuristic,
-                     supported_page_size)
+from .tuning import (BACKENDS, DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, MAX_SEQLEN_Q, MAX_SPLITS,
+                     PREFILL_ONLY, auto_short_causal, check_backend, decode_ctas_per_sm,
+                     decode_key, decode_rows_class, forced_tile_arch, is_small_grid,
+                     kernel_key, num_splits_heuristic, supported_page_size)
 
 Backend = Literal["auto", "sm80", "tma", "sm90"]
 
@@ -313,14 +312,13 @@ def _kernel_for(device_index: int, dtype, head_dim: int, features: ScoreFeatures
                 lazy_rescale: bool = True, varlen: bool = False, small_grid: bool = False,
                 seqlen_q: int | None = None):
     """The compiled kernel for a call without decode arguments; seqlen_q (the longest of a
-    ragged batch) matters to 'auto' only through `tuning.AUTO_SHORT_CAUSAL`."""
+    ragged batch) matters to 'auto' only through `tuning.auto_short_causal`."""
     tile_arch = forced_tile_arch()
     # what a call asks for, as the in-memory cache's second index (no key to build per call)
     request = (device_index, dtype, head_dim, features.causal, features.local,
                features.softcap > 0, varlen, backend, lazy_rescale, tile_arch, small_grid,
-               features.causal and backend == "auto" and seqlen_q is not None
-               and seqlen_q <= AUTO_SHORT_CAUSAL.get(
-                   (tile_arch or _arch(device_index), head_dim_class(head_dim)), 0))
+               backend == "auto" and auto_short_causal(tile_arch or _arch(device_index),
+                                                       head_dim, features.causal, seqlen_q))
     kernel = memory_cache.get(request)
     if kernel is None:
         key = kernel_key(_arch(device_index), _DTYPE_NAMES[dtype], head_dim, features.causal,

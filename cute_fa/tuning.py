@@ -120,14 +120,15 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     if backend == "auto":
         backend = AUTO_FEATURES.get((tiles, head_dim_class(head_dim), causal,
                                      (local, softcap, varlen)), backend)
-    if backend == "auto" and causal and seqlen_q is not None and \
-            seqlen_q <= AUTO_SHORT_CAUSAL.get((tiles, head_dim_class(head_dim)), 0):
+    if backend == "auto" and auto_short_causal(tiles, head_dim, causal, seqlen_q):
         backend = "tma"
     backend = resolve_backend(tiles, backend, head_dim, causal)
     _require_support(backend, arch)  # the forced arch may have TMA where this one has not
+    features = dict(local=local, softcap=softcap, varlen_q=varlen, varlen_k=varlen, lpt=causal)
+    if backend == "sm90":  # its own tiles, no feature or small-grid tiles
+        return sm90_key(arch, dtype, head_dim, causal, **features)
     cfg = tile_config(tiles, dtype, head_dim, causal, backend)
     cap = REGISTER_CAP_CTAS.get((tiles, backend, head_dim_class(head_dim), causal), 0)
-    features = dict(local=local, softcap=softcap, varlen_q=varlen, varlen_k=varlen, lpt=causal)
     feature_tile = FEATURE_TILES.get((tiles, backend, head_dim_class(head_dim), causal,
                                       (local, softcap, varlen)))
     if small_grid and causal and not (local or softcap or varlen):
@@ -138,8 +139,6 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
         cap = 0
     if backend == "sm80":
         return Sm80Key(arch, causal, cfg, ctas_per_sm=cap, **features)
-    if backend == "sm90":
-        return sm90_key(arch, dtype, head_dim, causal, **features)
     tile = TMA_TILE_EXCEPTIONS.get((tiles.rstrip("a"), cfg.head_dim_padded))
     if tile is not None and feature_tile is None:
         cfg = TileConfig(head_dim=head_dim, block_m=tile[0], block_n=tile[1],
@@ -329,6 +328,13 @@ REGISTER_CAP_CTAS: dict = {("sm_90a", "tma", 64, True): 3}
 # 210 vs 164 TFLOPs/s, 2k 265 vs 252; batch 1-4 GQA prefill at S <= 2000: 0.72x-0.94x), while
 # from S = 4k the wgmma kernel wins (328 vs 299).
 AUTO_SHORT_CAUSAL = {("sm_90a", 64): 2048}
+
+
+def auto_short_causal(tiles: str, head_dim: int, causal: bool, seqlen_q: int | None) -> bool:
+    """Whether 'auto' takes the TMA kernel for this call on the arch whose tables are `tiles`
+    (`AUTO_SHORT_CAUSAL`); without a query count (None), no."""
+    return (causal and seqlen_q is not None
+            and seqlen_q <= AUTO_SHORT_CAUSAL.get((tiles, head_dim_class(head_dim)), 0))
 
 # 'auto' picks per (arch, head_dim class, causal); absent entries use the sm80 kernel. On
 # sm_90a the wgmma kernel, at every head_dim class: on the H200 it is 1.2x-1.6x the TMA

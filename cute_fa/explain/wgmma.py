@@ -74,6 +74,7 @@ def _collect(cfg: TileConfig, stages: int) -> dict:
         # which S register each P value comes from: the kernel stores S in 16 bits into a
         # register tensor of S's shape (rP) and hands P V that tensor through this view
         out["p_registers"] = _read.indices(wgmma.acc_to_a_layout(rS.layout)).reshape(n_k, 8)
+        out["reduce_offsets"] = wgmma.row_reduce_offsets(mma_qk)
         rowcol = wgmma.acc_rowcol_layout(rS.layout)
         n_rows = _read.mode_sizes(rowcol)[0]
         out["s_rowcol_index"] = _read.indices(rowcol).reshape((n_rows, -1), order="F")
@@ -138,24 +139,6 @@ def _collect(cfg: TileConfig, stages: int) -> dict:
 @functools.lru_cache(maxsize=16)
 def _tables_for(cfg: TileConfig, stages: int) -> dict:
     return _collect(cfg, stages)
-
-
-@functools.lru_cache(maxsize=16)
-def _reduce_offsets_for(cfg: TileConfig) -> tuple:
-    """`wgmma.row_reduce_offsets` of S's TiledMMA, traced on its own: it evaluates the atom's
-    C layout point by point (a couple of seconds), so only the callers that ask pay for it."""
-    import cutlass.cute as cute
-
-    out = []
-
-    @cute.jit
-    def trace():
-        out.append(wgmma.row_reduce_offsets(wgmma.tiled_mma_qk(cfg)))
-
-    cute.compile(trace, options=f"--gpu-arch={ARCH}")
-    if not out:
-        raise RuntimeError("the DSL did not trace the builders (a cached compile?)")
-    return out[0]
 
 
 def pipeline_rounds(n_rounds: int, stages: int = 2) -> list:
@@ -291,7 +274,7 @@ class WgmmaLayouts:
     @property
     def reduce_offsets(self) -> tuple:
         """XOR shuffle offsets of the row max/sum (`wgmma.row_reduce_offsets`), in order."""
-        return _reduce_offsets_for(self.config)
+        return self._t["reduce_offsets"]
 
     def reduce_group(self, tid: int) -> list:
         """The consumer threads holding the same rows as `tid` (all of them combine a row)."""

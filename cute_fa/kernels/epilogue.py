@@ -77,6 +77,25 @@ def store_LSE(lse: cute.Tensor, query0, row_offsets: cutlass.Constexpr, gLSE: cu
                 gLSE[row] = lse[r]
 
 
+def finalize(f) -> cute.Tensor:
+    """Normalise the thread's O (f: `thread_mma.ThreadRows`) by its full row sums; returns its
+    rows' natural-log LSE, in registers."""
+    lse = cute.make_rmem_tensor(cute.size(f.softmax.row_max), cutlass.Float32)
+    f.softmax.finalize(f.acc_O_mn, lse)
+    return lse
+
+
+@cute.jit
+def store_rows_LSE(f, lse: cute.Tensor, mLSE: cute.Tensor, batch, head, seqlen: SeqlenInfo,
+                   query0, write_lse, tidx):
+    """`store_LSE` of the thread's rows (f: `thread_mma.ThreadRows`), into entry `batch`'s
+    `head`, if asked: else mLSE is a placeholder, the caller did not ask for LSE."""
+    if write_lse != 0:
+        quad_bits = sum(f.reduce_offsets)  # distinct powers of two
+        store_LSE(lse, query0, f.row_offsets, seqlen.lse_row(mLSE, batch, head),
+                  seqlen.seqlen_q, tidx, quad_bits)
+
+
 @cute.jit
 def write_outputs(cfg: cutlass.Constexpr, f, sQ: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                   batch, head, m_block, seqlen: SeqlenInfo, query0, write_lse, tidx,
@@ -88,16 +107,12 @@ def write_outputs(cfg: cutlass.Constexpr, f, sQ: cute.Tensor, mO: cute.Tensor, m
     """
     bm, dp = cfg.block_m, cfg.head_dim_padded
     seqlen_q = seqlen.seqlen_q
-    lse = cute.make_rmem_tensor(cute.size(f.softmax.row_max), cutlass.Float32)
-    f.softmax.finalize(f.acc_O_mn, lse)
+    lse = finalize(f)
     cO = cute.local_tile(cute.make_identity_tensor((seqlen_q, cfg.head_dim)), (bm, dp),
                          (m_block, 0))
     gO = cute.local_tile(seqlen.q_rows(mO, batch, head), (bm, dp), (m_block, 0))
     store_O(cfg, f.acc_O, f.tiled_mma, sQ, gO, cO, seqlen_q, tidx, sync=sync)
-    if write_lse != 0:  # else mLSE is a placeholder: the caller did not ask for LSE
-        quad_bits = sum(f.reduce_offsets)  # distinct powers of two
-        store_LSE(lse, query0, f.row_offsets, seqlen.lse_row(mLSE, batch, head), seqlen_q,
-                  tidx, quad_bits)
+    store_rows_LSE(f, lse, mLSE, batch, head, seqlen, query0, write_lse, tidx)
 
 
 @cute.jit
@@ -111,8 +126,7 @@ def write_outputs_rows(cfg: cutlass.Constexpr, f, sQ: cute.Tensor, mO: cute.Tens
     a float32 partial O is stored straight from the accumulator (decode's partials are small,
     and an fp32 tile would not fit in sQ's bytes)."""
     bm, dp = cfg.block_m, cfg.head_dim_padded
-    lse = cute.make_rmem_tensor(cute.size(f.softmax.row_max), cutlass.Float32)
-    f.softmax.finalize(f.acc_O_mn, lse)
+    lse = finalize(f)
     n_rows = rows.count(seqlen_q)
     out_batch = tile.batch if cutlass.const_expr(tile.out_batch is None) else tile.out_batch
     row_base = tile.m_block * bm

@@ -161,8 +161,7 @@ class FlashFwdSm90(FlashFwdBase):
         layout), and one warp stores the tile with one TMA command, which leaves out the rows
         past seqlen_q and the columns past head_dim; then LSE, one lane per row."""
         cfg = self.cfg
-        lse = cute.make_rmem_tensor(cute.size(thr.softmax.row_max), cutlass.Float32)
-        thr.softmax.finalize(thr.acc_O_mn, lse)
+        lse = epilogue.finalize(thr)
         dtype = cutlass_dtype(cfg.dtype)
         rO = cute.make_fragment_like(thr.acc_O, dtype)
         rO.store(thr.acc_O.load().to(dtype))
@@ -174,7 +173,7 @@ class FlashFwdSm90(FlashFwdBase):
         self._consumer_sync()
         if ctidx < 32:
             sO_tma = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q"))
-            gO = cute.local_tile(tma_O[None, None, tile.head, tile.batch],
+            gO = cute.local_tile(self._entry_coords(tma_O, tile.batch, tile.head, None),
                                  (cfg.block_m, cfg.head_dim_padded), (tile.m_block, 0))
             tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
                                                cute.group_modes(sO_tma, 0, 2),
@@ -182,10 +181,8 @@ class FlashFwdSm90(FlashFwdBase):
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem stays until read
-        if write_lse != 0:
-            epilogue.store_LSE(lse, query0, thr.row_offsets, seqlen.lse_row(mLSE, tile.batch,
-                                                                             tile.head),
-                               seqlen.seqlen_q, ctidx, sum(thr.reduce_offsets))
+        epilogue.store_rows_LSE(thr, lse, mLSE, tile.batch, tile.head, seqlen, query0,
+                                write_lse, ctidx)
 
     def _consumer_sync(self):
         cute.arch.barrier(barrier_id=EPILOGUE_BARRIER,

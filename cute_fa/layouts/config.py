@@ -111,7 +111,9 @@ class TileConfig:
         rows = self.copy_rows_per_pass
         if rows > nt:
             raise ValueError(f"num_threads={nt} is too few for one copy pass")
-        for name, value in (("block_m", bm),) + ((("block_n", bn),) if not self.wgmma else ()):
+        # threads copy Q and O tiles, and K/V tiles but in the wgmma kernel (TMA loads them)
+        copied = (("block_m", bm),) if self.wgmma else (("block_m", bm), ("block_n", bn))
+        for name, value in copied:
             if value % rows:
                 raise ValueError(
                     f"{name} must be a multiple of {rows}: {nt} threads copy {rows} rows "
