@@ -141,6 +141,11 @@ def _cmd_bench(args) -> int:
 
         prefill_main(args.out)
         return 0
+    if args.backward:
+        from .bench_backward import backward_main
+
+        backward_main(args.out, quick=args.quick)
+        return 0
     from .bench import main as bench_main
 
     bench_main(args.out, quick=args.quick)
@@ -203,7 +208,8 @@ def _parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--out", default="docs/perf/latest",
                          help="directory for results.json, results.md and results.png "
                               "(with --decode: decode.json, decode.md and decode.png; with "
-                              "--prefill: prefill.json, prefill.md and prefill.png)")
+                              "--prefill: prefill.json, prefill.md and prefill.png; with "
+                              "--backward: backward.json, backward.md and backward.png)")
     p_bench.add_argument("--quick", action="store_true",
                          help="two sequence lengths only (with --decode: 8 shapes of one "
                               "head configuration)")
@@ -213,6 +219,9 @@ def _parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--prefill", action="store_true",
                          help="the prefill benchmark of real clients' shapes instead (small "
                               "batches, a ragged batch, a sliding window, an HF model)")
+    p_bench.add_argument("--backward", action="store_true",
+                         help="the backward benchmark instead (the grid and GQA training "
+                              "shapes, backward and forward + backward)")
     return parser
 
 

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from .arch import Arch
 from .layouts import TileConfig
+from .layouts.config import BwdTileConfig, RowTile
 
 
 @dataclass(frozen=True)
@@ -168,9 +169,74 @@ class MergeKey:
 MERGE_ARGUMENTS = (("o_parts", "o_parts"), ("lse_parts", "lse_parts"), ("out", "out"),
                    ("lse", "lse"), ("write_lse", "int32"))
 
-# every kernel cute_fa compiles: the forward backends and the merge
+# every kernel cute_fa compiles: the forward backends, the merge and (below) the backward's
 KERNELS = dict(REGISTRY, merge=Backend("merge", "merge of split-KV partials", "merge",
                                        "MergeAttention", MergeKey, 8, MERGE_ARGUMENTS))
+
+
+@dataclass(frozen=True)
+class BwdKey(KernelKey):
+    """What one compiled backward kernel (`kernels/bwd_sm80.py`) depends on: the forward's score
+    features (causal, local, softcap, ragged Q/K; `KernelKey`), its tile (`BwdTileConfig`),
+    and deterministic (dQ's float32 sums formed in key-block order, on a counter per query
+    block). lpt has no meaning here: the backward's CTAs own key blocks."""
+
+    tile: BwdTileConfig = None
+    deterministic: bool = False
+    backend: ClassVar[str] = "bwd_sm80"
+
+    def __post_init__(self):
+        if not isinstance(self.tile, BwdTileConfig):
+            raise TypeError(f"tile must be a BwdTileConfig, got {type(self.tile).__name__}")
+        if self.lpt:
+            raise ValueError("lpt orders query blocks; the backward's CTAs own key blocks")
+
+
+@dataclass(frozen=True)
+class BwdPrepKey:
+    """The backward's preprocess (`kernels/bwd_preprocess.py`): D = rowsum(dO * O), LSE in log2
+    units."""
+
+    arch: str
+    tile: RowTile
+    backend: ClassVar[str] = "bwd_pre"
+
+
+@dataclass(frozen=True)
+class BwdPostKey:
+    """The backward's postprocess (`kernels/bwd_postprocess.py`): dQ from its float32 sums, laid
+    out by the main kernel's tile."""
+
+    arch: str
+    tile: BwdTileConfig
+    varlen: bool = False
+    backend: ClassVar[str] = "bwd_post"
+
+
+# the backward's kernels' arguments: q, k, v, dout and dk, dv as "qkvo"; the forward's lse in
+# log2 units and D = rowsum(dout * out) float32 (batch, heads, seqlen) ("lse"); dq_accum
+# float32 (batch, heads, blocks * block_m * head_dim_padded) ("accum3",
+# `layouts.bwd.dq_accum_chunk`); the forward's scalars; cu_seqlens and the longest key
+# sequence of a ragged batch; the deterministic mode's counters int32 (batch, heads, query
+# blocks)
+BWD_ARGUMENTS = (("q", "qkvo"), ("k", "qkvo"), ("v", "qkvo"), ("dout", "qkvo"),
+                 ("lse_log2", "lse"), ("dpsum", "lse"), ("dq_accum", "accum3"), ("dk", "qkvo"),
+                 ("dv", "qkvo"), ("softmax_scale", "float32"), ("causal_offset", "int32"),
+                 ("window_left", "int32"), ("window_right", "int32"), ("softcap", "float32"),
+                 ("cu_seqlens_q", "int32_vector"), ("cu_seqlens_k", "int32_vector"),
+                 ("max_seqlen_k", "int32"), ("semaphore", "int32_tensor3"))
+BWD_PREP_ARGUMENTS = (("out", "qkvo"), ("dout", "qkvo"), ("lse", "lse"), ("lse_log2", "lse"),
+                      ("dpsum", "lse"))
+BWD_POST_ARGUMENTS = (("dq_accum", "accum3"), ("dq", "qkvo"), ("softmax_scale", "float32"),
+                      ("cu_seqlens_q", "int32_vector"), ("max_seqlen_q", "int32"))
+
+KERNELS.update(
+    bwd_sm80=Backend("bwd_sm80", "backward: cp.async + ldmatrix + mma.sync, any GPU from sm80 on",
+                     "bwd_sm80", "FlashBwdSm80", BwdKey, 8, BWD_ARGUMENTS),
+    bwd_pre=Backend("bwd_pre", "backward preprocess: D = rowsum(dO * O)", "bwd_preprocess",
+                    "BwdPreprocess", BwdPrepKey, 8, BWD_PREP_ARGUMENTS),
+    bwd_post=Backend("bwd_post", "backward postprocess: dQ from float32", "bwd_postprocess",
+                     "BwdPostprocess", BwdPostKey, 8, BWD_POST_ARGUMENTS))
 
 
 def backend_of(key) -> Backend:

@@ -151,7 +151,16 @@ def fake_arguments(key: KernelKey) -> tuple:
                                 stride=tuple(cute.sym_int64() for _ in range(3)) + (1,),
                                 assumed_align=4)
 
-    make = {"qkvo": qkvo, "out": lambda: qkvo(out_dtype), "lse": lse,
+    def int32_tensor3():
+        return make_fake_tensor(cutlass.Int32, tuple(cute.sym_int() for _ in range(3)),
+                                stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+
+    def accum3():
+        return make_fake_tensor(cutlass.Float32, tuple(cute.sym_int() for _ in range(3)),
+                                stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=16)
+
+    make = {"qkvo": qkvo, "accum3": accum3, "int32_tensor3": int32_tensor3,
+            "out": lambda: qkvo(out_dtype), "lse": lse,
             "o_parts": lambda: qkvo(dtype, 5), "lse_parts": lse_parts,
             "int32_vector": int32_vector, "int32_matrix": int32_matrix,
             "float32": lambda: cutlass.Float32(1.0), "int32": lambda: cutlass.Int32(0)}

@@ -577,8 +577,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
             out: torch.Tensor | None = None, backend: Backend = "auto", *,
             window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
             seqused_k: torch.Tensor | None = None, page_table: torch.Tensor | None = None,
-            num_splits: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """FlashAttention forward in flash-attn's layout.
+            num_splits: int | None = None, deterministic: bool | None = None,
+            ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention forward in flash-attn's layout, differentiable.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim),
     fp16 or bf16, heads_q a multiple of heads_kv (GQA/MQA). causal aligns the
@@ -609,11 +610,95 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     `merge_attention`'s kernel); None picks it (tuning.num_splits_heuristic), 1 never splits.
     Calls with at most 16 queries per sequence pack the query heads of a GQA group into one
     tile, so K and V are read once per group.
+
+    Gradients: where q, k or v require grad, the output's grad_fn runs cute_fa's backward
+    kernels (`cute_fa.backward`); lse is returned as a non-differentiable output. deterministic:
+    True makes dq bitwise repeatable (its float32 sums formed in a fixed order, slower), None
+    follows `torch.use_deterministic_algorithms`. The KV-cache arguments and out= have no
+    backward: with inputs that require grad they raise. Under torch.compile the call is the
+    custom op `cute_fa::fwd` (`cute_fa.ops`), traced without a graph break.
     """
+    if deterministic is not None:  # without grad there is nothing to make deterministic
+        _as_bool("deterministic", deterministic)
+    if _needs_op(q, k, v):
+        return _through_op(q, k, v, causal, softmax_scale, return_lse, out, backend, window_size,
+                           softcap, deterministic, True,
+                           seqused_k is not None or page_table is not None
+                           or num_splits is not None,
+                           dict(seqused_k=seqused_k, page_table=page_table,
+                                num_splits=num_splits))
     return _run(q, k, v, causal=causal, bottom_right=True, softmax_scale=softmax_scale, out=out,
                 return_lse=return_lse, backend=backend, seqused_k=seqused_k,
                 page_table=page_table, num_splits=num_splits, window_size=window_size,
                 softcap=softcap)
+
+
+def _needs_op(q, k, v) -> bool:
+    """The call must go through the custom op: torch.compile is tracing it, or autograd must
+    record it. (A few attribute reads: the eager inference call stays off the dispatcher.)"""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and (
+        getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+        or getattr(v, "requires_grad", False))
+
+
+def _window_ints(window_size) -> tuple[int, int]:
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or any(
+            isinstance(w, bool) or not isinstance(w, numbers.Integral) for w in window_size):
+        raise TypeError(f"window_size must be a pair of ints (left, right), -1 for an unbounded "
+                        f"side, got {window_size!r}")
+    return int(window_size[0]), int(window_size[1])
+
+
+def _op_scalars(causal, softmax_scale, window_size, softcap, deterministic, names) -> tuple:
+    """The Python arguments as the custom op's schema takes them, checked as `forward` checks
+    them (the op's eager body checks the tensors)."""
+    from .backward import _as_deterministic
+
+    left, right = _window_ints(window_size)
+    if not torch.compiler.is_compiling():
+        # eagerly, a bad value raises here, before the op; under torch.compile the op's eager
+        # body checks them when the graph runs (before any launch, as here)
+        causal = _as_bool(names["causal"], causal)
+        softmax_scale = _as_scale(names["softmax_scale"], softmax_scale)
+        _score_features(causal, (left, right), softcap)
+    return (bool(causal), None if softmax_scale is None else float(softmax_scale), left, right,
+            float(softcap), _as_deterministic(deterministic))
+
+
+def _run_eager(*args, **kwargs):
+    """`_run` outside torch.compile's graph (a decode call: its host logic reads the cache)."""
+    return torch.compiler.disable(_run)(*args, **kwargs)
+
+
+def _through_op(q, k, v, causal, softmax_scale, return_lse, out, backend, window_size, softcap,
+                deterministic, bottom_right: bool, decode: bool, decode_args: dict,
+                names=_FORWARD_NAMES):
+    """`forward` / `sdpa` as the custom op `cute_fa::fwd` (autograd, torch.compile)."""
+    from . import ops
+
+    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
+    if decode:
+        if grad:
+            raise ValueError("seqused_k, page_table and num_splits (a KV cache) have no backward: "
+                             "call forward under torch.no_grad() or without inputs that require "
+                             "grad")
+        return _run_eager(q, k, v, causal=causal, bottom_right=bottom_right,
+                          softmax_scale=softmax_scale, out=out, return_lse=return_lse,
+                          backend=backend, names=names, window_size=window_size,
+                          softcap=softcap, **decode_args)
+    if out is not None and grad:
+        raise ValueError("out= has no backward: leave it None when q, k or v require grad")
+    return_lse = _as_bool("return_lse", return_lse)
+    check_backend(backend)
+    causal, scale, left, right, softcap, det = _op_scalars(causal, softmax_scale, window_size,
+                                                           softcap, deterministic, names)
+    o, lse = ops.fwd(q, k, v, causal, scale, left, right, softcap, bottom_right, backend, det)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return (o, lse) if return_lse else o
 
 
 def _check_cu_seqlens(name: str, t, batch: int | None) -> int:
@@ -773,10 +858,12 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    softcap: float = 0.0, return_lse: bool = False,
                    out: torch.Tensor | None = None, backend: Backend = "auto", *,
                    seqused_k: torch.Tensor | None = None,
-                   page_table: torch.Tensor | None = None,
+                   page_table: torch.Tensor | None = None, deterministic: bool | None = None,
                    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward over a ragged batch packed end to end (flash-attn's
-    `flash_attn_varlen_func`), in one launch, with no host sync and no copy.
+    `flash_attn_varlen_func`), in one launch, with no host sync and no copy; differentiable
+    as `forward` is (then max_seqlen_k must be at least the longest key sequence: it sizes
+    the backward's grid).
 
     q: (total_q, heads_q, head_dim); k, v: (total_k, heads_kv, head_dim); sequence b's
     queries are rows cu_seqlens_q[b] ... cu_seqlens_q[b + 1] - 1 of q, its keys rows
@@ -798,6 +885,57 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     into the next sequence's rows (or past cu_seqlens_k[-1]): those keys weigh exactly zero,
     but rows of k and v below total_k must hold finite values (0 x NaN is NaN).
     """
+    if deterministic is not None:
+        _as_bool("deterministic", deterministic)
+    if _needs_op(q, k, v):
+        return _varlen_through_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, causal, softmax_scale, window_size, softcap,
+                                  return_lse, out, backend, seqused_k, page_table,
+                                  deterministic)
+    return _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           causal=causal, softmax_scale=softmax_scale, window_size=window_size,
+                           softcap=softcap, return_lse=return_lse, out=out, backend=backend,
+                           seqused_k=seqused_k, page_table=page_table)
+
+
+def _varlen_through_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                       softmax_scale, window_size, softcap, return_lse, out, backend, seqused_k,
+                       page_table, deterministic):
+    """`forward_varlen` as the custom op `cute_fa::fwd_varlen` (autograd, torch.compile)."""
+    from . import ops
+
+    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
+    if seqused_k is not None or page_table is not None or cu_seqlens_k is None:
+        if grad:
+            raise ValueError("seqused_k and page_table (a KV cache) have no backward: call "
+                             "forward_varlen under torch.no_grad() or without inputs that "
+                             "require grad")
+        return torch.compiler.disable(_forward_varlen)(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+            softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+            return_lse=return_lse, out=out, backend=backend, seqused_k=seqused_k,
+            page_table=page_table)
+    if out is not None and grad:
+        raise ValueError("out= has no backward: leave it None when q, k or v require grad")
+    return_lse = _as_bool("return_lse", return_lse)
+    check_backend(backend)
+    causal, scale, left, right, softcap, det = _op_scalars(causal, softmax_scale, window_size,
+                                                           softcap, deterministic,
+                                                           _FORWARD_NAMES)
+    o, lse = ops.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, _as_count("max_seqlen_q",
+                                                                            max_seqlen_q),
+                            _as_count("max_seqlen_k", max_seqlen_k), causal, scale, left, right,
+                            softcap, backend, det)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return (o, lse) if return_lse else o
+
+
+def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal,
+                    softmax_scale, window_size, softcap, return_lse, out, backend,
+                    seqused_k=None, page_table=None):
+    """`forward_varlen`'s eager body."""
     device_index, features, softmax_scale, return_lse, max_seqlen_q = _check_varlen_args(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, softmax_scale,
         causal, window_size, softcap, return_lse, backend, seqused_k, page_table)
@@ -881,11 +1019,22 @@ def merge_attention(o_parts: torch.Tensor,
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
-         scale: float | None = None, backend: Backend = "auto") -> torch.Tensor:
+         scale: float | None = None, backend: Backend = "auto", *,
+         deterministic: bool | None = None) -> torch.Tensor:
     """Like torch.nn.functional.scaled_dot_product_attention on (batch, heads, seqlen, head_dim).
 
-    Top-left causal, as torch does; same kernel as `forward`, reached through strides.
+    Top-left causal, as torch does; same kernel as `forward`, reached through strides, and
+    differentiable as `forward` is.
     """
+    if deterministic is not None:
+        _as_bool("deterministic", deterministic)
+    if _needs_op(q, k, v):
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _check_tensor(name, t, "(batch, heads, seqlen, head_dim)")
+        o = _through_op(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal,
+                        scale, False, None, backend, NO_WINDOW, 0.0, deterministic, False,
+                        False, {}, _SDPA_NAMES)
+        return o.transpose(1, 2)
     for name, t in (("q", q), ("k", k), ("v", v)):  # before the transposes below
         _check_tensor(name, t, "(batch, heads, seqlen, head_dim)")
     out = torch.empty_like(q)

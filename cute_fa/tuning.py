@@ -526,3 +526,54 @@ def num_splits_heuristic(tiles: int, n_blocks: int, num_sms: int, ctas_per_sm: i
 
     best = max(efficiency(s) for s in range(1, most + 1))
     return next(s for s in range(1, most + 1) if efficiency(s) >= SPLIT_EFFICIENCY * best)
+
+
+# ---- the backward (kernels/bwd_sm80.py) ----
+# head_dim class -> tiles tried in order, the first whose shared memory fits the arch:
+# (block_m, block_n, num_threads, warps_sdp, warps_dkv, warps_dq, q_stages). 8 warps hold dK
+# and dV of a 128-key block (64 float32 registers per thread each at head_dim 128), with S, dP
+# and the operand fragments beside them: at head_dim 128 ptxas spills 8-48 bytes at 255
+# registers (BWD_SPILL_BUDGET), and that tile still ran 1.5x the spill-free 64x64 one on the
+# H200 (300 vs 190 TFLOPs/s, bf16, S = 2k): K and V stay for twice the queries per load. At
+# head_dim 64, 128x128 ran 0-4% faster than the spill-free 64x128 but spills 48-68 bytes: not
+# taken.
+# A row whose warp grid does not divide a padded head_dim (96) is passed over; the last rows
+# are for the ~100 KB of sm86/sm89/sm120.
+BWD_TILES = {
+    64: [(64, 128, 256, (2, 4), (4, 2), (4, 2), 2)],
+    128: [(64, 128, 256, (2, 4), (4, 2), (2, 4), 2), (64, 128, 256, (2, 4), (4, 2), (4, 2), 2),
+          (64, 64, 256, (2, 4), (4, 2), (4, 2), 1)],
+    192: [(64, 64, 256, (4, 2), (2, 4), (2, 4), 2), (32, 32, 128, (2, 2), (2, 2), (2, 2), 1)],
+    256: [(32, 64, 256, (2, 4), (4, 2), (2, 4), 2), (32, 32, 128, (2, 2), (2, 2), (2, 2), 1)],
+}
+BWD_ROWS = (64, 128)  # (block_m, num_threads) of the preprocess
+BWD_SPILL_BUDGET = 64  # bytes of spill stores a shipped backward kernel may have (see above)
+
+
+def bwd_tile(arch: str, dtype: str, head_dim: int) -> "BwdTileConfig":
+    """The backward's tile on `arch` (its shared memory decides)."""
+    from .layouts.config import BwdTileConfig
+
+    budget = Arch.of_name(arch).smem_bytes
+    for bm, bn, nt, sdp, dkv, dq, stages in BWD_TILES[head_dim_class(head_dim)]:
+        try:
+            cfg = BwdTileConfig(head_dim, bm, bn, nt, dtype, sdp, dkv, dq, stages)
+        except ValueError:
+            continue  # a warp grid that does not divide this (padded) head_dim
+        if cfg.smem_bytes() <= budget:
+            return cfg
+    raise ValueError(f"no backward tile of head_dim={head_dim} fits {arch}'s shared memory")
+
+
+def bwd_keys(arch: str, dtype: str, head_dim: int, causal: bool, *, local: bool = False,
+             softcap: bool = False, varlen: bool = False, deterministic: bool = False,
+             tile_arch: str | None = None) -> tuple:
+    """(preprocess, main, postprocess) keys of one backward call."""
+    from .backends import BwdKey, BwdPostKey, BwdPrepKey
+    from .layouts.config import RowTile
+
+    rows = RowTile(head_dim, BWD_ROWS[0], BWD_ROWS[1], dtype)
+    main = BwdKey(arch, causal, bwd_tile(tile_arch or arch, dtype, head_dim), local=local,
+                  softcap=softcap, varlen_q=varlen, varlen_k=varlen,
+                  deterministic=deterministic)
+    return BwdPrepKey(arch, rows), main, BwdPostKey(arch, main.tile, varlen)

@@ -271,7 +271,7 @@ def test_notebook_list():
     assert [p for p, _ in wt.notebook_list()] == [
         "notebooks/01_online_softmax_by_hand.ipynb", "notebooks/02_fragments_qk_pv.ipynb",
         "notebooks/03_swizzle_and_copy.ipynb", "notebooks/04_tma_variant.ipynb",
-        "notebooks/05_hopper_warp_specialized.ipynb"]
+        "notebooks/05_hopper_warp_specialized.ipynb", "notebooks/06_backward_fragments.ipynb"]
 
 
 @pytest.mark.parametrize("value, text", [(range(3, 4), "3"), (range(0, 16), "0–15"), ([], "none"),

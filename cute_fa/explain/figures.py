@@ -11,6 +11,9 @@
 * `warpgroup_owner_map`, `wgmma_lane_grid`, `smem_chunk_map`: the wgmma kernel's S tile of one
   consumer warpgroup by warp and lane, a corner of it by thread and register, and the bank
   groups of a K tile's chunks (from `WgmmaLayouts`).
+* `p_exchange_warps`, `p_thread_map`, `ldmatrix_bank_map`: the backward's P tile by the warps
+  that store and read it, the P elements one thread reads by who stored them, and the bank
+  groups of one ldmatrix.x4 (from `BwdLayouts`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..layouts.config import WARP_SIZE
+from .bwd import OPERAND_TILES
 from .introspect import fmt_ranges
 
 _OPERANDS = {
@@ -282,3 +286,103 @@ def smem_chunk_map(wl, tensor: str = "K", rows: int = 8, ax=None):
                        f"{step - 1})", "row", f"{tensor}: bank group, {title}",
                        cmap="tab10", vmin=0, vmax=9, aspect="auto")
     return ax
+
+
+def _warp_colours(n_warps: int):
+    """A colour map of n_warps * 32 entries: hue = warp, shade = lane."""
+    import matplotlib
+
+    names = ("Blues", "Oranges", "Greens", "Purples", "Reds", "Greys", "YlOrBr", "BuGn")
+    shades = np.linspace(0.35, 0.95, WARP_SIZE)
+    return matplotlib.colors.ListedColormap(np.concatenate(
+        [matplotlib.colormaps[names[w % len(names)]](shades) for w in range(n_warps)]))
+
+
+def p_exchange_warps(bl, product: str = "dkv", axes=None):
+    """The backward's P tile (query, key) twice (`BwdLayouts.p_owners`): coloured by the thread
+    that stored each element (its S accumulator), and by the first thread whose A fragment of
+    `product` reads it; hue = warp, shade = lane. Each 8 x 8 block is labelled with its warps
+    (every reader's, where several warps read it)."""
+    import matplotlib.pyplot as plt
+
+    cfg = bl.config
+    owners = bl.p_owners(product)
+    writer, readers = owners["writer"], owners["readers"]
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(2 + 0.1 * cfg.block_n, 1.5 + 0.06 * cfg.block_m))
+    cmap = _warp_colours(cfg.num_warps)
+    what = "dV += P^T dO" if product == "dkv" else "dQ = dS K"
+    for ax, grid, title in ((axes[0], writer[..., None], "stored by (S = Q K^T's accumulator)"),
+                            (axes[1], readers, f"read by (A of {what})")):
+        ax.imshow(grid[..., 0], cmap=cmap, vmin=0, vmax=cfg.num_threads - 1,
+                  interpolation="nearest", aspect="auto")
+        for r in range(0, cfg.block_m, 8):
+            for c in range(0, cfg.block_n, 8):
+                warps = sorted({int(t) // WARP_SIZE for t in grid[r:r + 8, c:c + 8].ravel()})
+                ax.text(c + 3.5, r + 3.5, ",".join(map(str, warps)), ha="center", va="center",
+                        fontsize=6)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+        ax.set_title(f"P: {title}\ncolour = warp, shade = lane; labels: warps", fontsize=9)
+    return axes
+
+
+def p_thread_map(bl, tid: int, product: str = "dkv", ax=None):
+    """The P tile (query, key) as thread `tid` sees it in the backward: the elements its A
+    fragments of `product` read, coloured by the thread that stored each (its own first), and
+    dots on the elements it stored itself."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    cfg = bl.config
+    writers = list(bl.writers(tid, product))
+    writers.sort(key=lambda w: w != tid)
+    index = {w: i for i, w in enumerate(writers)}
+    grid = np.full((cfg.block_m, cfg.block_n), np.nan)
+    writer = bl.p_owners(product)["writer"]
+    for q, k in bl.p_read(tid, product):
+        grid[q, k] = index[int(writer[q, k])]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(2 + 0.1 * cfg.block_n, 1 + 0.1 * cfg.block_m))
+    cmap = matplotlib.colormaps["tab10"].with_extremes(bad="0.93")
+    ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=9, interpolation="nearest",
+              aspect="auto")
+    own = bl.p_written(tid)
+    ax.scatter([k for _, k in own], [q for q, _ in own], s=6, c="k", marker="o")
+    handles = [matplotlib.patches.Patch(color=cmap(i), label=f"T{w}" + (" (itself)" if w == tid
+                                                                       else ""))
+               for w, i in index.items()]
+    ax.legend(handles=handles, title="stored by", fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.01, 1))
+    own_n, needed = bl.own_share(tid, product)
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+    ax.set_title(f"thread {tid}: the {needed} P elements it reads ({own_n} its own), coloured by "
+                 f"who stored them; dots: the {len(own)} it stored", fontsize=9)
+    return ax
+
+
+def ldmatrix_bank_map(bl, product: str = "dkv", operand: str = "A", warp: int = 0,
+                      copy: int = 0, axes=None):
+    """One ldmatrix.x4 of a backward operand (`BwdLayouts.ldmatrix_phases`): per phase (one
+    8x8 matrix) the bank group of each lane's 16-byte row, without and with the swizzle; a
+    phase is conflict-free when its row holds 8 different numbers."""
+    import matplotlib.pyplot as plt
+
+    tile, transposed = OPERAND_TILES[product, operand]
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(13, 2.6))
+    for ax, swizzled in zip(axes, (False, True)):
+        phases = bl.ldmatrix_phases(product, operand, warp, copy, swizzled=swizzled)
+        groups = np.array([[r["bank_group"] for r in ph] for ph in phases])
+        _numbered_grid(ax, groups, groups, 8, "lane of the phase (lane = 8 x phase + column)",
+                       "", f"{tile} tile, ldmatrix{'.trans' if transposed else ''} {copy} of warp "
+                       f"{warp}, {'swizzled' if swizzled else 'without the swizzle'}: bank group "
+                       f"of each row", cmap="tab10", vmin=0, vmax=9, aspect="auto")
+        labels = []
+        for ph in phases:
+            tiles = [r["tile"] for r in ph]
+            labels.append(f"matrix {len(labels)}: rows {fmt_ranges(r for r, _ in tiles)}, "
+                          f"cols {tiles[0][1]}..{tiles[0][1] + 7}")
+        ax.set_yticks(range(len(phases)), labels, fontsize=7)
+    return axes

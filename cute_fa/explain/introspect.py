@@ -179,6 +179,15 @@ def fmt_ranges(values) -> str:
     return ", ".join(text)
 
 
+def check_tid(tid, num_threads: int) -> int:
+    """A thread index of a CTA of num_threads threads, as a Python int."""
+    if isinstance(tid, bool) or not isinstance(tid, (int, np.integer)):
+        raise TypeError(f"tid must be an int, got {tid!r}")
+    if not 0 <= tid < num_threads:
+        raise ValueError(f"tid must be in [0, {num_threads}), got {tid}")
+    return int(tid)
+
+
 class FlashLayouts:
     """Which tile elements each thread copies, holds and combines.
 
@@ -212,11 +221,7 @@ class FlashLayouts:
         return _tables_for(self.config)
 
     def _check_tid(self, tid) -> int:
-        if isinstance(tid, bool) or not isinstance(tid, (int, np.integer)):
-            raise TypeError(f"tid must be an int, got {tid!r}")
-        if not 0 <= tid < self.config.num_threads:
-            raise ValueError(f"tid must be in [0, {self.config.num_threads}), got {tid}")
-        return int(tid)
+        return check_tid(tid, self.config.num_threads)
 
     def _pairs(self, table: str, tid) -> list:
         return [tuple(int(x) for x in rc) for rc in self._t["tables"][table][self._check_tid(tid)]]

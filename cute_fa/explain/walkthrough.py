@@ -48,6 +48,8 @@ NOTEBOOKS = {
     "04_tma_variant.ipynb": "the TMA kernel: tensor maps, the 128-byte swizzle, the mbarrier ring",
     "05_hopper_warp_specialized.ipynb": "the wgmma kernel: warp roles, pipeline phases, wgmma "
                                         "fragments, descriptor swizzle, the ping-pong",
+    "06_backward_fragments.ipynb": "the backward: P^T dO fragments, P's trip through shared "
+                                   "memory, the transposed ldmatrix reads' banks",
 }
 _ROOT = Path(__file__).resolve().parents[2]
 

@@ -43,9 +43,9 @@ break models.
 Also refused, with a ValueError/TypeError naming the argument: dropout != 0, a mask that is
 not a 2-D bool/integer padding mask (4-D or float masks say more than cute_fa can
 express), returned attention weights (`output_attentions=True`), fp32 or other
-non-fp16/bf16 inputs, an unsupported head_dim, inputs that need gradients (cute_fa has no
-backward pass: the output would silently drop out of the graph), chunked-attention layers
-(Llama4). Like flash_attention_2, this backend never sees the mask overlays a few models
+non-fp16/bf16 inputs, an unsupported head_dim, chunked-attention layers (Llama4). Inputs
+that need gradients train through cute_fa's backward (`cute_fa.forward` and `forward_varlen`
+are differentiable), padded batches included. Like flash_attention_2, this backend never sees the mask overlays a few models
 build through `or_mask_function` / `and_mask_function` / `block_sequence_ids` (e.g.
 Gemma3's bidirectional image-token blocks); use "sdpa" for those.
 
@@ -146,11 +146,6 @@ def _check_call(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
         if t.dtype not in (torch.float16, torch.bfloat16):
             raise TypeError(f"cute_fa attention takes float16 or bfloat16 {name}, got {t.dtype}; "
                             f"load the model with dtype=torch.bfloat16")
-    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad
-                                    or value.requires_grad):
-        raise ValueError("cute_fa attention has no backward pass and its inputs require grad; "
-                         "run under torch.no_grad() / torch.inference_mode(), or train with "
-                         "attn_implementation='sdpa'")
     check_head_dim("head_dim (query.shape[-1])", query.shape[-1])
     if value.shape[-1] > query.shape[-1]:
         raise ValueError(f"cute_fa attention needs value's head_dim ({value.shape[-1]}) at most "

@@ -51,6 +51,7 @@ from ..layouts import copies, smem
 from . import epilogue
 from .fwd_base import FlashFwdBase, RoundContext, RoundSlot
 from .gemm import gemm_ldmatrix
+from .loads import copy_row
 from .thread_mma import thread_mma
 from .work import SeqlenInfo, shifted
 
@@ -200,7 +201,7 @@ class FlashFwdSm80(FlashFwdBase):
                 if cutlass.const_expr(self.group > 1):
                     tQgQ_m = shifted(tQgQ_m, self.rows.offset(
                         row, row - m_block * bm, mQ.stride[1], mQ.stride[2]))
-                self._copy_row(g2s, tQgQ_m, tQsQ[None, m, None], tQcQ[None, m, None])
+                copy_row(cfg, g2s, tQgQ_m, tQsQ[None, m, None], tQcQ[None, m, None])
             else:
                 tQsQ[None, m, None].fill(0.0)
 
@@ -242,20 +243,6 @@ class FlashFwdSm80(FlashFwdBase):
         self._epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx, scratch, warp)
 
     @cute.jit
-    def _copy_row(self, g2s: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
-                  coords: cute.Tensor):
-        """Copy one row-pass of a tile; the padding columns past head_dim become zeros."""
-        cfg = self.cfg
-        if cutlass.const_expr(cfg.head_dim == cfg.head_dim_padded):
-            cute.copy(g2s, src, dst)
-        else:
-            for k in cutlass.range_constexpr(cute.size(src.shape[1])):
-                if coords[0, k][1] < cfg.head_dim:
-                    cute.copy(g2s, src[None, k], dst[None, k])
-                else:
-                    dst[None, k].fill(0.0)
-
-    @cute.jit
     def _load_kv(self, ld: "Sm80Loads", tXgX: cute.Tensor, tXsX: cute.Tensor, n_block, seqlen_k,
                  check_rows: cutlass.Constexpr):
         """Start the cp.async of one K or V tile; with check_rows, rows past seqlen_k become
@@ -264,13 +251,13 @@ class FlashFwdSm80(FlashFwdBase):
         for m in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
             if cutlass.const_expr(check_rows):
                 if n_block * self.cfg.block_n + ld.tKVcKV[0, m, 0][0] < seqlen_k:
-                    self._copy_row(ld.g2s, self._row_source(ld, tXgX, n_block, m),
-                                   tXsX[None, m, None], ld.tKVcKV[None, m, None])
+                    copy_row(self.cfg, ld.g2s, self._row_source(ld, tXgX, n_block, m),
+                             tXsX[None, m, None], ld.tKVcKV[None, m, None])
                 else:
                     tXsX[None, m, None].fill(0.0)
             else:
-                self._copy_row(ld.g2s, self._row_source(ld, tXgX, n_block, m),
-                               tXsX[None, m, None], ld.tKVcKV[None, m, None])
+                copy_row(self.cfg, ld.g2s, self._row_source(ld, tXgX, n_block, m),
+                         tXsX[None, m, None], ld.tKVcKV[None, m, None])
 
     def _row_source(self, ld: "Sm80Loads", tXgX: cute.Tensor, n_block, m):
         """Row m of the thread's copy of key block n_block: the block's row (dense), or row

@@ -6,9 +6,9 @@ MMAs, and `cute_fa.explain.FlashLayouts` calls the same builders to answer, on t
 which elements each thread copies, holds and combines.
 """
 
-from .config import TileConfig, canonical_dtype
+from .config import BwdTileConfig, TileConfig, canonical_dtype
 
-__all__ = ["FlashLayouts", "TileConfig", "canonical_dtype"]
+__all__ = ["BwdTileConfig", "FlashLayouts", "TileConfig", "canonical_dtype"]
 
 
 def __getattr__(name: str):

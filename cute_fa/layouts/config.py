@@ -47,8 +47,55 @@ def check_head_dim(name: str, value) -> int:
     return d
 
 
+class HeadDimTiling:
+    """What a tile of head_dim-wide rows in shared memory derives from its head_dim, dtype and
+    thread count: the padded width, the swizzle atom and how threads split a row for 16-byte
+    copies. Shared by the forward's `TileConfig` and the backward's `BwdTileConfig`, so that
+    `layouts.smem` and `layouts.copies` build both kernels' tiles the same way."""
+
+    @property
+    def num_warps(self) -> int:
+        return self.num_threads // WARP_SIZE
+
+    @property
+    def elem_bytes(self) -> int:
+        return 2
+
+    @property
+    def head_dim_padded(self) -> int:
+        """head_dim rounded up to 32: the width of the smem tiles.
+
+        A multiple of the MMA K (16) that also allows a swizzle atom of at least
+        64-byte rows. Columns past head_dim are zero-filled in smem and never stored.
+        """
+        return -(-self.head_dim // 32) * 32
+
+    @property
+    def vector_elems(self) -> int:
+        """Elements in one 128-bit copy: 8 for fp16/bf16."""
+        return COPY_BITS // (8 * self.elem_bytes)
+
+    @property
+    def smem_atom_cols(self) -> int:
+        """Width of the swizzle atom: 64 elements (128-byte rows), or 32 (64-byte rows)."""
+        return 64 if self.head_dim_padded % 64 == 0 else 32
+
+    @property
+    def swizzle_bits(self) -> int:
+        """B of Swizzle<B,3,3>: log2 of the 16-byte chunks in one atom row."""
+        return (self.smem_atom_cols // self.vector_elems).bit_length() - 1
+
+    @property
+    def copy_threads_per_row(self) -> int:
+        return self.smem_atom_cols // self.vector_elems
+
+    @property
+    def copy_rows_per_pass(self) -> int:
+        return self.num_threads // self.copy_threads_per_row
+
+
 @dataclass(frozen=True)
-class TileConfig:
+class TileConfig(HeadDimTiling):
     """One CTA's tiling of the attention forward pass.
 
     head_dim:    D of Q/K/V, a multiple of 8 up to 256.
@@ -121,10 +168,6 @@ class TileConfig:
                 )
 
     @property
-    def num_warps(self) -> int:
-        return self.num_threads // WARP_SIZE
-
-    @property
     def row_slabs(self) -> int:
         """16-row slabs of the tile, each held by key_groups warps."""
         return self.block_m // MMA_M if self.warps_split_keys else self.num_warps
@@ -154,42 +197,6 @@ class TileConfig:
         """Keys of each K/V tile one warp's MMAs read."""
         return self.mma_tile.block_n
 
-    @property
-    def elem_bytes(self) -> int:
-        return 2
-
-    @property
-    def head_dim_padded(self) -> int:
-        """head_dim rounded up to 32: the width of the smem tiles.
-
-        A multiple of the MMA K (16) that also allows a swizzle atom of at least
-        64-byte rows. Columns past head_dim are zero-filled in smem and never stored.
-        """
-        return -(-self.head_dim // 32) * 32
-
-    @property
-    def vector_elems(self) -> int:
-        """Elements in one 128-bit copy: 8 for fp16/bf16."""
-        return COPY_BITS // (8 * self.elem_bytes)
-
-    @property
-    def smem_atom_cols(self) -> int:
-        """Width of the swizzle atom: 64 elements (128-byte rows), or 32 (64-byte rows)."""
-        return 64 if self.head_dim_padded % 64 == 0 else 32
-
-    @property
-    def swizzle_bits(self) -> int:
-        """B of Swizzle<B,3,3>: log2 of the 16-byte chunks in one atom row."""
-        return (self.smem_atom_cols // self.vector_elems).bit_length() - 1
-
-    @property
-    def copy_threads_per_row(self) -> int:
-        return self.smem_atom_cols // self.vector_elems
-
-    @property
-    def copy_rows_per_pass(self) -> int:
-        return self.num_threads // self.copy_threads_per_row
-
     def smem_bytes(self, kv_stages: int = 1) -> int:
         """Shared memory of Q plus `kv_stages` K and V tiles (O reuses Q)."""
         q = self.block_m * self.head_dim_padded * self.elem_bytes
@@ -198,3 +205,95 @@ class TileConfig:
     def smem_bytes_kv_stage(self) -> int:
         """One K tile and one V tile."""
         return 2 * self.block_n * self.head_dim_padded * self.elem_bytes
+
+
+@dataclass(frozen=True)
+class BwdTileConfig(HeadDimTiling):
+    """One CTA's tiling of the attention backward pass (`kernels/bwd_sm80.py`).
+
+    A CTA owns block_n keys of one K/V head: K and V stay in shared memory while Q, dO (and
+    their LSE and D rows) stream through in block_m-row tiles, q_stages of them in flight.
+    Three TiledMMAs share the CTA's warps, each with its own warp grid (warps along M x N):
+    warps_sdp for S = Q K^T and dP = dO V^T (block_m x block_n), warps_dkv for dV += P^T dO and
+    dK += dS^T Q (block_n x head_dim), warps_dq for dQ = dS K (block_m x head_dim). A warp
+    grid (a, b) tiles its product in (16 a) x (16 b) steps.
+    """
+
+    head_dim: int = 64
+    block_m: int = 64
+    block_n: int = 128
+    num_threads: int = 256
+    dtype: str = "float16"
+    warps_sdp: tuple = (2, 4)
+    warps_dkv: tuple = (4, 2)
+    warps_dq: tuple = (4, 2)
+    q_stages: int = 2
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        check_head_dim("head_dim", self.head_dim)
+        nt = _require_int("num_threads", self.num_threads)
+        if nt <= 0 or nt % WARP_SIZE or nt > 1024:
+            raise ValueError(f"num_threads must be a positive multiple of {WARP_SIZE} up to "
+                             f"1024, got {nt}")
+        if self.q_stages not in (1, 2):
+            raise ValueError(f"q_stages must be 1 or 2, got {self.q_stages!r}")
+        dp = self.head_dim_padded
+        for name, warps, (m, n) in (("warps_sdp", self.warps_sdp, (self.block_m, self.block_n)),
+                                    ("warps_dkv", self.warps_dkv, (self.block_n, dp)),
+                                    ("warps_dq", self.warps_dq, (self.block_m, dp))):
+            if (not isinstance(warps, tuple) or len(warps) != 2
+                    or warps[0] * warps[1] != self.num_warps):
+                raise ValueError(f"{name} must be a pair (warps along M, along N) whose product "
+                                 f"is num_warps = {self.num_warps}, got {warps!r}")
+            if m % (MMA_M * warps[0]) or n % (2 * MMA_N * warps[1]):
+                raise ValueError(f"{name} = {warps} does not tile the {m} x {n} product in "
+                                 f"({MMA_M * warps[0]} x {2 * MMA_N * warps[1]}) steps")
+        for name, rows in (("block_m", self.block_m), ("block_n", self.block_n)):
+            if _require_int(name, rows) % self.copy_rows_per_pass:
+                raise ValueError(f"{name} must be a multiple of {self.copy_rows_per_pass}: {nt} "
+                                 f"threads copy that many rows of a {dp}-wide tile per pass, "
+                                 f"got {rows}")
+        if self.block_n % 32:
+            raise ValueError(f"block_n must be a multiple of 32 (the P and dS tiles' swizzle "
+                             f"atom), got {self.block_n}")
+
+    @property
+    def ps_atom_cols(self) -> int:
+        """Width of the P and dS tiles' swizzle atom (their rows are block_n wide)."""
+        return 64 if self.block_n % 64 == 0 else 32
+
+    @property
+    def q_rows(self) -> "RowTile":
+        """The query block's rows as dQ's conversion stores them."""
+        return RowTile(self.head_dim, self.block_m, self.num_threads, self.dtype)
+
+    @property
+    def kv_rows(self) -> "RowTile":
+        """The key block's rows as the dK/dV stores walk them."""
+        return RowTile(self.head_dim, self.block_n, self.num_threads, self.dtype)
+
+    def smem_bytes(self) -> int:
+        """Q and dO (q_stages each), K, V, P and dS, each tile 1024-byte aligned."""
+        dp, e = self.head_dim_padded, self.elem_bytes
+        return (2 * self.q_stages * self.block_m * dp + 2 * self.block_n * dp
+                + 2 * self.block_m * self.block_n) * e
+
+
+@dataclass(frozen=True)
+class RowTile(HeadDimTiling):
+    """block_m rows of a head_dim-wide tensor that num_threads threads copy 16 bytes at a time:
+    what the backward's row-wise kernels (D = rowsum(dO * O), dQ's conversion) and its dK/dV
+    stores (`kernels.epilogue.store_O`, block_m = the key block) walk."""
+
+    head_dim: int
+    block_m: int
+    num_threads: int
+    dtype: str = "float16"
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        check_head_dim("head_dim", self.head_dim)
+        if self.block_m % self.copy_rows_per_pass:
+            raise ValueError(f"block_m must be a multiple of {self.copy_rows_per_pass} rows per "
+                             f"copy pass, got {self.block_m}")
