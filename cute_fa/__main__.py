@@ -124,7 +124,8 @@ def _cmd_precompile(args) -> int:
             raise _UsageError(f"--{name.replace('_', '-')} must be comma-separated ints, "
                               f"got {text!r}") from None
     keys = precompile(head_dims=head_dims, dtypes=dtypes, arch=arch, backend=args.backend,
-                      varlen=args.varlen, windows=args.windows, softcap=args.softcap, **ints)
+                      varlen=args.varlen, windows=args.windows, softcap=args.softcap,
+                      backward=args.backward, **ints)
     print(f"{len(keys)} kernels compiled or found in the cache")
     return 0
 
@@ -200,7 +201,8 @@ def _parser() -> argparse.ArgumentParser:
     p_pre.add_argument("--page-sizes", default="",
                        help="with --decode-groups: comma-separated page sizes of a paged KV "
                             "cache, e.g. 64,256")
-    for flag, what in (("--varlen", "forward_varlen's kernels (ragged batches)"),
+    for flag, what in (("--backward", "the backward's kernels (training)"),
+                       ("--varlen", "forward_varlen's kernels (ragged batches)"),
                        ("--windows", "the kernels of sliding windows (window_size)"),
                        ("--softcap", "the kernels of a softcap")):
         p_pre.add_argument(flag, action="store_true", help=f"also {what}")

@@ -16,8 +16,9 @@ from .backends import MergeKey
 from .compiler import get_kernel, wait_for_saves
 from .layouts.config import canonical_dtype, check_head_dim
 from .arch import Arch
-from .tuning import (DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, PREFILL_ONLY, check_backend,
-                     decode_key, decode_rows_class, kernel_key, supported_page_size)
+from .tuning import (DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, PREFILL_ONLY, bwd_keys,
+                     check_backend, decode_key, decode_rows_class, kernel_key,
+                     supported_page_size)
 
 
 def _as_tuple(name: str, value, single: tuple, what: str) -> tuple:
@@ -45,7 +46,7 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
                arch: str | None = None, backend: str = "auto",
                decode_groups: int | Iterable[int] = (),
                page_sizes: int | Iterable[int] = (), *, varlen: bool = False,
-               windows: bool = False, softcap: bool = False) -> list:
+               windows: bool = False, softcap: bool = False, backward: bool = False) -> list:
     """Compile every (head_dim, dtype, causal) combination for `arch` (default: this GPU's,
     e.g. 'sm_90a'; needed where there is no GPU) and `backend` ('auto' compiles what
     `forward` would pick). Each of head_dims, dtypes and causal is one value or a sequence;
@@ -61,6 +62,10 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
     `window_size` with a bounded left side or a right side past the diagonal, a softcap (for
     the decode kernels too, with decode_groups).
 
+    backward adds the backward's kernels (training: the preprocess, the main kernel and the
+    postprocess) of each (head_dim, dtype, causal) and feature combination above; the
+    deterministic mode's are compiled on first use.
+
     Every argument is checked before anything compiles. Returns the kernel keys."""
     import torch
 
@@ -73,7 +78,8 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
         if not isinstance(c, bool):
             raise TypeError(f"causal must be a bool or a sequence of bools, got {c!r}")
     check_backend(backend)
-    for name, flag in (("varlen", varlen), ("windows", windows), ("softcap", softcap)):
+    for name, flag in (("varlen", varlen), ("windows", windows), ("softcap", softcap),
+                       ("backward", backward)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
     decode_groups = () if decode_groups == () else tuple(
@@ -140,6 +146,11 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
     if decode_groups:
         keys += [MergeKey(arch, head_dim, "float32", dtype)
                  for head_dim, dtype in itertools.product(head_dims, dtypes)]
+    if backward:
+        for head_dim, dtype, is_causal, (local, cap, ragged) in itertools.product(
+                head_dims, dtypes, causal, features):
+            keys += bwd_keys(arch, dtype, head_dim, is_causal, local=local, softcap=cap,
+                             varlen=ragged)
     keys = list(dict.fromkeys(keys))  # once each, in order
     for key in keys:
         get_kernel(key)

@@ -4,7 +4,8 @@ refactor that should not change generated code, and compare (python tests/ptx_ha
 The kernels are those of tests/test_compile_forward.py: the sm80 kernel on sm_80, sm_90a and
 sm_120a and the TMA kernel on sm_90a and sm_120a, for every head_dim class, dtype and
 causality of the tile tables, plus the padded and eager cases; and the wgmma kernel's shipped
-configurations on sm_90a (tests/test_compile_sm90.py), last.
+configurations on sm_90a (tests/test_compile_sm90.py); then the backward's kernels of
+tests/test_compile_bwd.py, last.
 """
 
 import hashlib
@@ -15,7 +16,9 @@ from concurrent.futures import ProcessPoolExecutor
 from cute_fa.compiler import compile_kernel
 from cute_fa.tuning import kernel_key
 from test_compile_forward import ARCHS, CASES, TMA_CASES
+from test_compile_bwd import PLAIN as BWD_PLAIN
 from test_compile_sm90 import PLAIN
+from cute_fa.tuning import bwd_keys
 
 
 def keys() -> list:
@@ -26,7 +29,9 @@ def keys() -> list:
             for arch, head_dim, causal, dtype, lazy in TMA_CASES]
     out += [kernel_key("sm_90a", dtype, head_dim, causal, "sm90")
             for head_dim, dtype, causal in PLAIN]
-    return out
+    out += [key for arch, head_dim, dtype, causal in BWD_PLAIN
+            for key in bwd_keys(arch, dtype, head_dim, causal)]
+    return list(dict.fromkeys(out))  # the backward's row kernels repeat across its keys
 
 
 def ptx_hash(key) -> str:
@@ -44,5 +49,6 @@ if __name__ == "__main__":
     with ProcessPoolExecutor(workers) as pool:
         for key, digest in zip(all_keys, pool.map(ptx_hash, all_keys)):
             print(digest, key.arch, key.backend, key.tile.head_dim, key.tile.dtype,
-                  "causal" if key.causal else "full", getattr(key, "kv_stages", 0),
-                  getattr(key, "lazy_rescale", False), key.ctas_per_sm, flush=True)
+                  "causal" if getattr(key, "causal", False) else "full",
+                  getattr(key, "kv_stages", 0), getattr(key, "lazy_rescale", False),
+                  getattr(key, "ctas_per_sm", 0), flush=True)

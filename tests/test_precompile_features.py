@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cute_fa  # noqa: E402
-from cute_fa import _precompile, compiler, interface  # noqa: E402
+from cute_fa import _precompile, backward, compiler, interface  # noqa: E402
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def recorded(monkeypatch):
     keys = []
     held = (torch.empty(1, 1, 1), torch.zeros(1, dtype=torch.int32),
             torch.zeros(1, 1, dtype=torch.int32))
-    for module in (compiler, interface, _precompile):
+    for module in (compiler, interface, _precompile, backward):
         monkeypatch.setattr(module, "get_kernel", lambda key: keys.append(key) or key)
     monkeypatch.setattr(interface, "_arch", lambda device_index: "sm_90a")
     monkeypatch.setattr(interface, "_num_sms", lambda device_index: 132)
@@ -87,3 +87,27 @@ def test_short_and_long_causal_calls_use_precompiled_kernels(recorded):
     assert {k.backend for k in asked} == {"tma", "sm90"}
     assert len({k.tile for k in asked if k.backend == "tma"}) == 2  # small grid and not
     assert asked <= keys, asked - keys
+
+
+def test_backward_calls_use_only_precompiled_kernels(recorded):
+    """precompile(backward=True): the kernels a backward call asks for (dense, with a window
+    and softcap, ragged) are precompile's; without the flag none of them is."""
+    common = dict(head_dims=128, dtypes="bfloat16", causal=True, arch="sm_90a", varlen=True,
+                  windows=True, softcap=True)
+    without = set(cute_fa.precompile(**common))
+    keys = set(cute_fa.precompile(**common, backward=True))
+    recorded.clear()
+    bf16 = torch.bfloat16
+    q, out, dout = (torch.randn(2, 300, 32, 128, dtype=bf16) for _ in range(3))
+    k = torch.randn(2, 300, 8, 128, dtype=bf16)
+    lse = torch.randn(2, 32, 300)
+    backward.backward(dout, q, k, k, out, lse, True)
+    backward.backward(dout, q, k, k, out, lse, True, window_size=(255, 0), softcap=30.0)
+    lens = torch.tensor([0, 100, 200], dtype=torch.int32)
+    backward.backward_varlen(dout[0], q[0], k[0], k[0], out[0], lse[0], lens, lens, 100, 100,
+                             True)
+    asked = set(recorded)
+    assert {type(k).__name__ for k in asked} == {"BwdPrepKey", "BwdKey", "BwdPostKey"}
+    assert any(getattr(k, "varlen_q", False) for k in asked)
+    assert asked <= keys, asked - keys
+    assert not asked & without
