@@ -44,9 +44,9 @@ from ..layouts import bwd as bwd_layouts, copies, mma as mma_mod
 from ..layouts._types import cutlass_dtype
 from . import epilogue, mask
 from .gemm import gemm_ldmatrix
-from .launch import occupancy_options
+from .launch import feature_arguments, occupancy_options
 from .loads import load_rows
-from .softmax import LOG2_E
+from .softmax import score_scales
 from .thread_mma import tile_place
 from .work import SeqlenInfo
 
@@ -168,15 +168,10 @@ class FlashBwdSm80:
                  max_seqlen_k: cutlass.Int32, mSemaphore: cute.Tensor, stream):
         cfg = self.cfg
         Storage = bwd_layouts.shared_storage(cfg)
-        cu_q = mCuSeqlensQ if cutlass.const_expr(self.varlen_q) else None
-        cu_k = mCuSeqlensK if cutlass.const_expr(self.varlen_k) else None
-        left = window_left if cutlass.const_expr(self.local) else None
-        right = window_right if cutlass.const_expr(self.local) else None
+        cu_q, cu_k, left, right = feature_arguments(self, mCuSeqlensQ, mCuSeqlensK,
+                                                    window_left, window_right)
         sem = mSemaphore if cutlass.const_expr(self.deterministic) else None
-        if cutlass.const_expr(self.softcap):
-            scale_log2, softcap_scale = softcap * LOG2_E, softmax_scale / softcap
-        else:
-            scale_log2, softcap_scale = softmax_scale * LOG2_E, None
+        scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
         keys = max_seqlen_k if cutlass.const_expr(self.varlen_k) else mK.shape[1]
         grid = (cute.ceil_div(keys, cfg.block_n), cute.size(mK.shape[2]),
                 cute.size(mCuSeqlensQ.shape[0] - 1 if cutlass.const_expr(self.varlen_q)

@@ -32,7 +32,6 @@ from ..layouts import mma as mma_mod
 from ..layouts._types import cutlass_dtype
 from . import epilogue, mask
 from .launch import occupancy_options
-from .softmax import LOG2_E
 from .thread_mma import ThreadMma
 from .work import BlockInfo, QueryRows, SeqlenInfo, SingleTileScheduler
 
@@ -116,21 +115,6 @@ class FlashFwdBase:
                                              key.lpt)
         self.block_info = BlockInfo(cfg.block_m, cfg.block_n, key.causal, self.group, key.local)
         self.mask_steps = self.block_info.masked_rounds()
-
-    def _scales(self, softmax_scale, softcap):
-        """(scale_log2 of the softmax, the softcap's pre-scale or None): with a softcap the
-        scores are tanh(S * softmax_scale / softcap) and the softmax scale softcap * log2(e)."""
-        if cutlass.const_expr(self.softcap):
-            return softcap * LOG2_E, softmax_scale / softcap
-        return softmax_scale * LOG2_E, None
-
-    def _feature_arguments(self, mCuSeqlensQ, mCuSeqlensK, window_left, window_right) -> tuple:
-        """(cu_seqlens_q, cu_seqlens_k, window_left, window_right) as the kernel takes them: None
-        where the key does not ask for them, so that they never reach the device."""
-        return (mCuSeqlensQ if cutlass.const_expr(self.varlen_q) else None,
-                mCuSeqlensK if cutlass.const_expr(self.varlen_k) else None,
-                window_left if cutlass.const_expr(self.local) else None,
-                window_right if cutlass.const_expr(self.local) else None)
 
     def _grid(self, mQ, mCuSeqlensQ, max_seqlen_q, num_splits=None) -> tuple:
         """The launch grid: over the longest query sequence and the entries of a ragged batch,

@@ -51,7 +51,9 @@ from ..layouts import copies, smem
 from . import epilogue
 from .fwd_base import FlashFwdBase, RoundContext, RoundSlot
 from .gemm import gemm_ldmatrix
+from .launch import feature_arguments
 from .loads import copy_row
+from .softmax import score_scales
 from .thread_mma import thread_mma
 from .work import SeqlenInfo, shifted
 
@@ -115,9 +117,9 @@ class FlashFwdSm80(FlashFwdBase):
         seqused = mSeqUsedK if cutlass.const_expr(self.seqused_k) else None
         page_table = mPageTable if cutlass.const_expr(self.page_size > 0) else None
         splits = num_splits if cutlass.const_expr(self.split_kv) else None
-        cu_q, cu_k, left, right = self._feature_arguments(mCuSeqlensQ, mCuSeqlensK,
-                                                          window_left, window_right)
-        scale_log2, softcap_scale = self._scales(softmax_scale, softcap)
+        cu_q, cu_k, left, right = feature_arguments(self, mCuSeqlensQ, mCuSeqlensK,
+                                                    window_left, window_right)
+        scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
         grid = self._grid(mQ, mCuSeqlensQ, max_seqlen_q, num_splits)
         self._launch(self.kernel(mQ, mK, mV, mO, mLSE, scale_log2, causal_offset,
                                  write_lse, sQ_layout, sKV_layout, SharedStorage, seqused,

@@ -40,6 +40,8 @@ from ..layouts import ring, smem, tma, wgmma
 from ..layouts._types import cutlass_dtype
 from . import epilogue
 from .fwd_base import FlashFwdBase, RoundContext
+from .launch import feature_arguments
+from .softmax import score_scales
 from .thread_wgmma import ThreadWgmma, gemm, thread_wgmma
 from .work import SeqlenInfo
 
@@ -83,9 +85,9 @@ class FlashFwdSm90(FlashFwdBase):
         sQ_layout = tma.tma_smem_layout(cfg, "Q")
         sKV_layout = tma.tma_smem_layout(cfg, "K", self.kv_stages)
         Storage = smem.shared_storage(cfg, self.kv_stages, self.bars.count)
-        cu_q, cu_k, left, right = self._feature_arguments(mCuSeqlensQ, mCuSeqlensK,
-                                                          window_left, window_right)
-        scale_log2, softcap_scale = self._scales(softmax_scale, softcap)
+        cu_q, cu_k, left, right = feature_arguments(self, mCuSeqlensQ, mCuSeqlensK,
+                                                    window_left, window_right)
+        scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
         grid = self._grid(mQ, mCuSeqlensQ, max_seqlen_q)
         self._launch(self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
                                  tma_atom_O, tma_O, mO, mLSE, scale_log2, causal_offset,

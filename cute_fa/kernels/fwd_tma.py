@@ -41,6 +41,8 @@ from ..backends import TmaKey
 from ..layouts import ring, smem, tma
 from .fwd_base import FlashFwdBase, RoundContext, RoundSlot
 from .gemm import gemm_ldmatrix
+from .launch import feature_arguments
+from .softmax import score_scales
 from .thread_mma import thread_mma
 
 # log2 units: O is rescaled once the pending factor would drop below 2^-8 (softmax.py says why
@@ -92,9 +94,9 @@ class FlashFwdTma(FlashFwdBase):
         sQ_layout = smem.smem_layout_q(cfg)
         sKV_layout = smem.smem_layout_kv(cfg, self.kv_stages)
         Storage = smem.shared_storage(cfg, self.kv_stages)
-        cu_q, cu_k, left, right = self._feature_arguments(mCuSeqlensQ, mCuSeqlensK,
-                                                          window_left, window_right)
-        scale_log2, softcap_scale = self._scales(softmax_scale, softcap)
+        cu_q, cu_k, left, right = feature_arguments(self, mCuSeqlensQ, mCuSeqlensK,
+                                                    window_left, window_right)
+        scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
         grid = self._grid(mQ, mCuSeqlensQ, max_seqlen_q)
         self._launch(self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO,
                                  mLSE, scale_log2, causal_offset, write_lse,

@@ -1,6 +1,14 @@
 """Launch options shared by the kernel variants."""
 
 
+def feature_arguments(kernel, mCuSeqlensQ, mCuSeqlensK, window_left, window_right) -> tuple:
+    """(cu_seqlens_q, cu_seqlens_k, window_left, window_right) as `kernel` takes them: None where
+    its key does not ask for them (its varlen_q, varlen_k, local), so that they never reach the
+    device."""
+    return (mCuSeqlensQ if kernel.varlen_q else None, mCuSeqlensK if kernel.varlen_k else None,
+            window_left if kernel.local else None, window_right if kernel.local else None)
+
+
 def occupancy_options(ctas_per_sm: int) -> dict:
     """`.launch` keywords that make ptxas fit `ctas_per_sm` CTAs in an SM's register file
     (.minnctapersm); none for 0.
