@@ -58,13 +58,6 @@ def _check_all(tensors, q, layout: str) -> None:
         _check_grad_place(name, t, like)
 
 
-def _as_deterministic(value) -> bool:
-    """deterministic=None follows torch.use_deterministic_algorithms."""
-    if value is None:
-        return torch.are_deterministic_algorithms_enabled()
-    return itf._as_bool("deterministic", value)
-
-
 def _kernels(device_index: int, dtype, head_dim: int, features, varlen: bool,
              deterministic: bool) -> tuple:
     """The compiled (preprocess, main, postprocess) of one kind of call."""
@@ -99,9 +92,9 @@ def _launch_backward(device_index, kernels, tile, dout4, q4, k4, v4, out4, lse3,
                            device=device, dtype=torch.float32)
     held = itf._placeholders(device_index)
     if deterministic:
-        m_blocks = -(-(max_seqlen_q if entries else seqlen_q) // tile.block_m)
-        semaphore = torch.zeros((entries or batch, heads_q, m_blocks), device=device,
-                                dtype=torch.int32)
+        semaphore = torch.zeros((entries or batch, heads_q, dq_accum_blocks(
+            max_seqlen_q if entries else seqlen_q, tile.block_m)), device=device,
+            dtype=torch.int32)
     else:
         semaphore = held[1].view(1, 1, 1)
     cu_q = cu_q if cu_q is not None else held[1]
@@ -111,15 +104,6 @@ def _launch_backward(device_index, kernels, tile, dout4, q4, k4, v4, out4, lse3,
         features.window_left, features.window_right, features.softcap, cu_q,
         cu_k if cu_k is not None else held[1], max_seqlen_k, semaphore))
     itf._launch(device_index, post, (dq_accum, dq4, scale, cu_q, max_seqlen_q))
-
-
-def _prepared(t):
-    """A tensor as the kernels read it: autograd hands in expanded (stride-0) or otherwise
-    non-dense gradients; those are copied, any valid layout is taken as it is."""
-    *outer, last = t.stride()
-    if last != 1 or any(s % 8 for s in outer) or t.data_ptr() % 16:
-        return t.contiguous()
-    return t
 
 
 def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -149,7 +133,7 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     _check_all((("dout", dout, "q", q), ("out", out, "q", q), ("dq", dq, "q", q),
                 ("dk", dk, "k", k), ("dv", dv, "v", v)), q, layout)
     itf._check_device("lse", lse, device_index)
-    deterministic = _as_deterministic(deterministic)
+    deterministic = itf._as_deterministic(deterministic)
     kernels, tile = _kernels(device_index, q.dtype, head_dim, features, False, deterministic)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     dq = torch.empty_like(q) if dq is None else dq
@@ -192,7 +176,7 @@ def backward_varlen(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     if max_seqlen_k > k.shape[0]:
         raise ValueError(f"max_seqlen_k ({max_seqlen_k}) must be at most total_k = "
                          f"k.shape[0] = {k.shape[0]}")
-    deterministic = _as_deterministic(deterministic)
+    deterministic = itf._as_deterministic(deterministic)
     kernels, tile = _kernels(device_index, q.dtype, head_dim, features, True, deterministic)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     # rows outside every sequence get zero gradients (the kernels never write them)

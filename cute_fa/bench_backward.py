@@ -9,8 +9,8 @@ backward.png. For each shape every method runs on the same inputs in one process
   (autograd.grad of their output, the graph kept);
 - forward + backward (one training step's attention), TFLOPs/s with 3.5 x the forward's FLOPs.
 
-Each timed call starts behind a GPU spin, so the events time the GPU's work, not the host's
-launch path (Python's argument checks, the autograd engine).
+Each timed call starts behind a GPU spin (`bench_prefill._timed`), so the events time the GPU's
+work, not the host's launch path (Python's argument checks, the autograd engine).
 
 The grid: 16k tokens per batch, hidden 2048, head_dim 64 and 128, seqlen 1k-16k, causal and not
 (bf16); the training shapes: GQA (32 query heads, 8 K/V heads, head_dim 128) at batch 1-4 and a
@@ -23,8 +23,8 @@ import json
 import time
 from pathlib import Path
 
-from .bench import HEAD_DIMS, HIDDEN, SEQLENS, TOKENS, _flops, _time_ms, per_call_us
-from .bench_prefill import SPIN_CYCLES, _fa4
+from .bench import HEAD_DIMS, HIDDEN, SEQLENS, TOKENS, _flops, per_call_us
+from .bench_prefill import _fa4, _timed
 
 # the H200's dense bf16 tensor-core peak (NVIDIA's datasheet figure, TFLOPs/s), drawn as the
 # plot's roofline
@@ -60,12 +60,7 @@ def _methods(torch, q, k, v, dout, causal):
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(*lt, is_causal=causal,
                                                       enable_gqa=q.shape[2] != k.shape[2])
-        try:
-            o = sdpa()
-            methods[name] = (lambda o=o: torch.autograd.grad(o, leaves, dout_t, retain_graph=True),
-                             lambda sdpa=sdpa: torch.autograd.grad(sdpa(), leaves, dout_t))
-        except Exception as exc:
-            methods[name] = (exc, exc)
+        methods[name] = _autograd_pair(torch, sdpa, leaves, dout_t)
     fa4 = _fa4()
     if fa4 is not None:
         methods["flash_attn_4"] = _autograd_pair(torch, lambda: fa4[0](*leaves, causal=causal),
@@ -75,36 +70,27 @@ def _methods(torch, q, k, v, dout, causal):
 
 def _autograd_pair(torch, forward, leaves, dout) -> tuple:
     """(backward only, forward + backward) of a peer's autograd function `forward()` (its
-    output, or a tuple whose first item is it); the exception where it fails, for the row."""
+    output, or a tuple whose first item is it). Where `forward` fails, both raise its error
+    when timed, so that the row reports it (not faked)."""
     def fwd():
         o = forward()
         return o[0] if isinstance(o, tuple) else o
     try:
         o = fwd()
-    except Exception as exc:  # reported in the row, not faked
-        return exc, exc
+    except Exception as exc:
+        def failed():
+            raise exc
+        return failed, failed
     return (lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True),
             lambda: torch.autograd.grad(fwd(), leaves, dout))
 
 
 def _time_into(torch, row: dict, methods: dict, flops_fwd: float) -> dict:
-    def spin():  # the GPU waits while the host launches the call (`bench_prefill.SPIN_CYCLES`)
-        torch.cuda._sleep(SPIN_CYCLES)
-
-    for name, (bwd, step) in methods.items():
-        for suffix, fn, mult in (("", bwd, 2.5), ("_step", step, 3.5)):
-            if isinstance(fn, Exception):
-                row[name + suffix] = None
-                row[name + suffix + "_error"] = f"{type(fn).__name__}: {fn}"[:200]
-                continue
-            try:
-                ms = _time_ms(torch, fn, before=spin)
-                row[name + suffix] = mult * flops_fwd / ms / 1e9
-                row[name + suffix + "_ms"] = ms
-            except Exception as exc:
-                row[name + suffix] = None
-                row[name + suffix + "_error"] = f"{type(exc).__name__}: {exc}"[:200]
-    return row
+    """Each method's backward (2.5x the forward's FLOPs) and forward + backward (3.5x), timed
+    as the prefill benchmark times its calls (`bench_prefill._timed`: behind a GPU spin)."""
+    _timed(torch, {name: bwd for name, (bwd, _) in methods.items()}, row, 2.5 * flops_fwd)
+    return _timed(torch, {name + "_step": step for name, (_, step) in methods.items()}, row,
+                  3.5 * flops_fwd)
 
 
 def grid_results(torch, seqlens=SEQLENS, head_dims=HEAD_DIMS) -> list:

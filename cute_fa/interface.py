@@ -86,6 +86,15 @@ def _as_scale(name: str, value) -> float | None:
     return float(value)
 
 
+def _window_ints(window_size) -> tuple[int, int]:
+    """window_size as (left, right) ints, or a TypeError naming what it must be."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or any(
+            isinstance(w, bool) or not isinstance(w, numbers.Integral) for w in window_size):
+        raise TypeError(f"window_size must be a pair of ints (left, right), -1 for an unbounded "
+                        f"side, got {window_size!r}")
+    return int(window_size[0]), int(window_size[1])
+
+
 NO_WINDOW = (-1, -1)
 # the lower edge of a window with an unbounded left side that still has a lower-edge kernel
 # (its right side is bounded): further left than any key of any sequence
@@ -113,11 +122,7 @@ def _score_features(causal: bool, window_size, softcap) -> ScoreFeatures:
     flash-attn."""
     if window_size is NO_WINDOW and softcap == 0.0:
         return ScoreFeatures(causal)
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or any(
-            isinstance(w, bool) or not isinstance(w, numbers.Integral) for w in window_size):
-        raise TypeError(f"window_size must be a pair of ints (left, right), -1 for an unbounded "
-                        f"side, got {window_size!r}")
-    left, right = (int(w) for w in window_size)
+    left, right = _window_ints(window_size)
     if left < -1 or right < -1:
         raise ValueError(f"window_size sides must be -1 (unbounded) or >= 0, got {(left, right)}")
     # a side past any sequence is unbounded (the kernels' key offsets stay within int32)
@@ -265,6 +270,17 @@ def _plainly_valid(q, k, v, out, softmax_scale, causal, return_lse, backend) -> 
                 or t.get_device() != device:
             return False
     return True
+
+
+def _kernel_ready(t: torch.Tensor) -> torch.Tensor:
+    """`t` (3-D or 4-D) itself where its strides suit the kernels (last stride 1, the others
+    multiples of 8 elements, 16-byte aligned), else a dense copy: what HF transformers' views
+    and autograd's expanded gradients need. The kernels check the strides of size-1
+    dimensions too, which `.contiguous()` leaves as they are, hence the clone."""
+    s0, s1, s2, s3 = t.stride() if t.dim() == 4 else (0,) + t.stride()
+    if s3 == 1 and not (s0 % 8 or s1 % 8 or s2 % 8 or t.data_ptr() % 16):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 _ARCH: dict = {}
@@ -633,29 +649,29 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
                 softcap=softcap)
 
 
-def _needs_op(q, k, v) -> bool:
-    """The call must go through the custom op: torch.compile is tracing it, or autograd must
-    record it. (A few attribute reads: the eager inference call stays off the dispatcher.)"""
-    if torch.compiler.is_compiling():
-        return True
+def _requires_grad(q, k, v) -> bool:
+    """Autograd must record the call: grad mode is on and an input requires grad."""
     return torch.is_grad_enabled() and (
         getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
         or getattr(v, "requires_grad", False))
 
 
-def _window_ints(window_size) -> tuple[int, int]:
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or any(
-            isinstance(w, bool) or not isinstance(w, numbers.Integral) for w in window_size):
-        raise TypeError(f"window_size must be a pair of ints (left, right), -1 for an unbounded "
-                        f"side, got {window_size!r}")
-    return int(window_size[0]), int(window_size[1])
+def _needs_op(q, k, v) -> bool:
+    """The call must go through the custom op: torch.compile is tracing it, or autograd must
+    record it. (A few attribute reads: the eager inference call stays off the dispatcher.)"""
+    return torch.compiler.is_compiling() or _requires_grad(q, k, v)
+
+
+def _as_deterministic(value) -> bool:
+    """deterministic=None follows torch.use_deterministic_algorithms."""
+    if value is None:
+        return torch.are_deterministic_algorithms_enabled()
+    return _as_bool("deterministic", value)
 
 
 def _op_scalars(causal, softmax_scale, window_size, softcap, deterministic, names) -> tuple:
     """The Python arguments as the custom op's schema takes them, checked as `forward` checks
     them (the op's eager body checks the tensors)."""
-    from .backward import _as_deterministic
-
     left, right = _window_ints(window_size)
     if not torch.compiler.is_compiling():
         # eagerly, a bad value raises here, before the op; under torch.compile the op's eager
@@ -667,9 +683,12 @@ def _op_scalars(causal, softmax_scale, window_size, softcap, deterministic, name
             float(softcap), _as_deterministic(deterministic))
 
 
-def _run_eager(*args, **kwargs):
-    """`_run` outside torch.compile's graph (a decode call: its host logic reads the cache)."""
-    return torch.compiler.disable(_run)(*args, **kwargs)
+def _op_result(o, lse, out, return_lse: bool):
+    """What `forward` returns from the op's (o, lse): o copied into `out` if one was given."""
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return (o, lse) if return_lse else o
 
 
 def _through_op(q, k, v, causal, softmax_scale, return_lse, out, backend, window_size, softcap,
@@ -678,16 +697,17 @@ def _through_op(q, k, v, causal, softmax_scale, return_lse, out, backend, window
     """`forward` / `sdpa` as the custom op `cute_fa::fwd` (autograd, torch.compile)."""
     from . import ops
 
-    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
+    grad = _requires_grad(q, k, v)
     if decode:
         if grad:
             raise ValueError("seqused_k, page_table and num_splits (a KV cache) have no backward: "
                              "call forward under torch.no_grad() or without inputs that require "
                              "grad")
-        return _run_eager(q, k, v, causal=causal, bottom_right=bottom_right,
-                          softmax_scale=softmax_scale, out=out, return_lse=return_lse,
-                          backend=backend, names=names, window_size=window_size,
-                          softcap=softcap, **decode_args)
+        # outside torch.compile's graph: the decode plan's host logic reads the cache
+        return torch.compiler.disable(_run)(
+            q, k, v, causal=causal, bottom_right=bottom_right, softmax_scale=softmax_scale,
+            out=out, return_lse=return_lse, backend=backend, names=names,
+            window_size=window_size, softcap=softcap, **decode_args)
     if out is not None and grad:
         raise ValueError("out= has no backward: leave it None when q, k or v require grad")
     return_lse = _as_bool("return_lse", return_lse)
@@ -695,10 +715,7 @@ def _through_op(q, k, v, causal, softmax_scale, return_lse, out, backend, window
     causal, scale, left, right, softcap, det = _op_scalars(causal, softmax_scale, window_size,
                                                            softcap, deterministic, names)
     o, lse = ops.fwd(q, k, v, causal, scale, left, right, softcap, bottom_right, backend, det)
-    if out is not None:
-        out.copy_(o)
-        o = out
-    return (o, lse) if return_lse else o
+    return _op_result(o, lse, out, return_lse)
 
 
 def _check_cu_seqlens(name: str, t, batch: int | None) -> int:
@@ -904,7 +921,7 @@ def _varlen_through_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
     """`forward_varlen` as the custom op `cute_fa::fwd_varlen` (autograd, torch.compile)."""
     from . import ops
 
-    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
+    grad = _requires_grad(q, k, v)
     if seqused_k is not None or page_table is not None or cu_seqlens_k is None:
         if grad:
             raise ValueError("seqused_k and page_table (a KV cache) have no backward: call "
@@ -926,10 +943,7 @@ def _varlen_through_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                                                                             max_seqlen_q),
                             _as_count("max_seqlen_k", max_seqlen_k), causal, scale, left, right,
                             softcap, backend, det)
-    if out is not None:
-        out.copy_(o)
-        o = out
-    return (o, lse) if return_lse else o
+    return _op_result(o, lse, out, return_lse)
 
 
 def _forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal,

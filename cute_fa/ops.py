@@ -48,7 +48,7 @@ def bwd_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tens
            causal: bool, softmax_scale: Optional[float], window_left: int, window_right: int,
            softcap: float, bottom_right: bool, deterministic: bool
            ) -> tuple[Tensor, Tensor, Tensor]:
-    return bwd.backward(bwd._prepared(dout), q, k, v, out, lse, causal, softmax_scale,
+    return bwd.backward(itf._kernel_ready(dout), q, k, v, out, lse, causal, softmax_scale,
                         window_size=(window_left, window_right), softcap=softcap,
                         deterministic=deterministic, bottom_right=bottom_right)
 
@@ -104,7 +104,7 @@ def bwd_varlen_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                   max_seqlen_k: int, causal: bool, softmax_scale: Optional[float],
                   window_left: int, window_right: int, softcap: float, deterministic: bool
                   ) -> tuple[Tensor, Tensor, Tensor]:
-    return bwd.backward_varlen(bwd._prepared(dout), q, k, v, out, lse, cu_seqlens_q,
+    return bwd.backward_varlen(itf._kernel_ready(dout), q, k, v, out, lse, cu_seqlens_q,
                                cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
                                window_size=(window_left, window_right), softcap=softcap,
                                deterministic=deterministic)

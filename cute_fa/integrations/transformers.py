@@ -68,6 +68,7 @@ from transformers.masking_utils import flash_attention_mask
 
 import cute_fa
 
+from ..interface import _kernel_ready
 from ..layouts.config import check_head_dim
 
 NAME = "cute_fa"
@@ -80,16 +81,6 @@ def register() -> None:
     """Register "cute_fa" with transformers' attention and mask interfaces (idempotent)."""
     AttentionInterface.register(NAME, cute_fa_attention)
     AttentionMaskInterface.register(NAME, flash_attention_mask)
-
-
-def _kernel_ready(t: torch.Tensor) -> torch.Tensor:
-    """`t` itself where its strides suit the kernels (last stride 1, the others multiples of
-    8 elements, 16-byte aligned), else a dense copy. The kernels check the strides of
-    size-1 dimensions too, which `.contiguous()` leaves as they are, hence the clone."""
-    s0, s1, s2, s3 = t.stride() if t.dim() == 4 else (0,) + t.stride()
-    if s3 == 1 and not (s0 % 8 or s1 % 8 or s2 % 8 or t.data_ptr() % 16):
-        return t
-    return t.clone(memory_format=torch.contiguous_format)
 
 
 # layers already found to be of a kind cute_fa computes (their type never changes): the
