@@ -8,6 +8,8 @@ tour of the configuration that docs/walkthrough.md follows (`tour`).
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -103,8 +105,18 @@ def _cmd_demo(args) -> int:
     return 0 if err < 5e-2 else 1
 
 
+_PRECOMPILE_FLAGS = ("head_dims", "dtypes", "causal", "arch", "backend", "decode_groups",
+                     "page_sizes")
+
+
+def _flag_names(message: str) -> str:
+    """An error of precompile's, its parameters named as the command's flags."""
+    return re.sub(r"\b(" + "|".join(_PRECOMPILE_FLAGS) + r")\b",
+                  lambda m: "--" + m.group(1).replace("_", "-"), message)
+
+
 def _cmd_precompile(args) -> int:
-    from ._precompile import parse_head_dims, precompile
+    from .api.precompile import parse_head_dims, precompile
 
     head_dims = parse_head_dims(args.head_dims, "--head-dims")
     dtypes = tuple(x.strip() for x in args.dtypes.split(",") if x.strip())
@@ -123,33 +135,30 @@ def _cmd_precompile(args) -> int:
         except ValueError:
             raise _UsageError(f"--{name.replace('_', '-')} must be comma-separated ints, "
                               f"got {text!r}") from None
-    keys = precompile(head_dims=head_dims, dtypes=dtypes, arch=arch, backend=args.backend,
-                      varlen=args.varlen, windows=args.windows, softcap=args.softcap,
-                      backward=args.backward, **ints)
-    print(f"{len(keys)} kernels compiled or found in the cache")
+    counts: dict = {}
+
+    def progress(step) -> None:
+        counts[step.where] = counts.get(step.where, 0) + 1
+        print(step, file=sys.stderr, flush=True)
+
+    try:
+        keys = precompile(head_dims=head_dims, dtypes=dtypes, arch=arch, backend=args.backend,
+                          varlen=args.varlen, windows=args.windows, softcap=args.softcap,
+                          backward=args.backward, progress=progress, **ints)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(_flag_names(str(exc))) from None
+    print(f"{len(keys)} kernels: " + ", ".join(f"{n} {where}" for where, n in counts.items()))
     return 0
 
 
 def _cmd_bench(args) -> int:
     _need_gpu("bench")  # before anything is written under --out
-    if args.decode:
-        from .bench import decode_main
+    import importlib
 
-        decode_main(args.out, quick=args.quick)
-        return 0
-    if args.prefill:
-        from .bench_prefill import prefill_main
-
-        prefill_main(args.out)
-        return 0
-    if args.backward:
-        from .bench_backward import backward_main
-
-        backward_main(args.out, quick=args.quick)
-        return 0
-    from .bench import main as bench_main
-
-    bench_main(args.out, quick=args.quick)
+    # one module per benchmark, each with main(out_dir, quick); without a flag: the paper grid
+    name = next((n for n in ("decode", "prefill", "backward", "host") if getattr(args, n)),
+                "grid")
+    importlib.import_module(f"{__package__}.bench.{name}").main(args.out, quick=args.quick)
     return 0
 
 
@@ -160,7 +169,7 @@ def _cmd_tour(args) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     invoked = Path(sys.argv[0]).name
     prog = "python -m cute_fa" if invoked in ("__main__.py", "-m", "") else invoked
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
@@ -209,21 +218,26 @@ def _parser() -> argparse.ArgumentParser:
     p_bench = command("bench", "benchmark against torch SDPA and flash-attn-4 (GPU)")
     p_bench.add_argument("--out", default="docs/perf/latest",
                          help="directory for results.json, results.md and results.png "
-                              "(with --decode: decode.json, decode.md and decode.png; with "
-                              "--prefill: prefill.json, prefill.md and prefill.png; with "
-                              "--backward: backward.json, backward.md and backward.png)")
+                              "(with --decode: decode.json, .md, .png; with --prefill: "
+                              "prefill.json, .md, .png; with --backward: backward.json, .md, "
+                              ".png; with --host: host.json and host.md)")
     p_bench.add_argument("--quick", action="store_true",
-                         help="two sequence lengths only (with --decode: 8 shapes of one "
-                              "head configuration)")
-    p_bench.add_argument("--decode", action="store_true",
-                         help="the decode benchmark instead (Sq 1 and 4 against KV caches of "
-                              "2k-128k keys, dense and paged)")
-    p_bench.add_argument("--prefill", action="store_true",
-                         help="the prefill benchmark of real clients' shapes instead (small "
-                              "batches, a ragged batch, a sliding window, an HF model)")
-    p_bench.add_argument("--backward", action="store_true",
-                         help="the backward benchmark instead (the grid and GQA training "
-                              "shapes, backward and forward + backward)")
+                         help="a smoke test: two sequence lengths only (with --decode: 8 shapes "
+                              "of one head configuration; with --prefill: a few small shapes, no "
+                              "HF model; with --host: a quarter of the calls)")
+    which = p_bench.add_mutually_exclusive_group()
+    which.add_argument("--decode", action="store_true",
+                       help="the decode benchmark instead (Sq 1 and 4 against KV caches of "
+                            "2k-128k keys, dense and paged)")
+    which.add_argument("--prefill", action="store_true",
+                       help="the prefill benchmark of real clients' shapes instead (small "
+                            "batches, a ragged batch, a sliding window, an HF model)")
+    which.add_argument("--backward", action="store_true",
+                       help="the backward benchmark instead (the grid and GQA training "
+                            "shapes, backward and forward + backward)")
+    which.add_argument("--host", action="store_true",
+                       help="the host cost per call instead (one small call without grad, with "
+                            "inputs that require grad, and a forward + backward step)")
     return parser
 
 
@@ -232,7 +246,7 @@ _COMMANDS = {"layouts": _cmd_layouts, "probe": _cmd_probe, "demo": _cmd_demo,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command is None:
@@ -247,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, _UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader stopped early (`cute-fa layouts | head -1`)
+        # what is still buffered for stdout would raise again at exit: point it at nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # as a process killed by SIGPIPE
 
 
 if __name__ == "__main__":

@@ -13,16 +13,17 @@ registers, no spills on sm_80, sm_90a or sm_120a). The TMA kernel keeps 128x64 w
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 
 from .arch import ARCHS, SMEM_BYTES, Arch
-from .backends import REGISTRY, Sm80Key, Sm90Key, TmaKey
+from .compile.keys import BwdKey, BwdPostKey, BwdPrepKey, Sm80Key, Sm90Key, TmaKey
+from .compile.registry import REGISTRY
 from .layouts import TileConfig
+from .layouts.config import BwdTileConfig, RowTile
 
 __all__ = ["ARCHS", "BACKENDS", "SMEM_BYTES", "TILES", "TMA_TILES", "kernel_key", "tile_config",
-           "tiles_of", "forced_tile_arch", "max_kv_stages", "check_backend", "resolve_backend"]
+           "max_kv_stages", "check_backend", "resolve_backend"]
 
 BACKENDS = ("sm80", "tma", "sm90", "auto")
 # backends without the decode features (GQA packing, split-KV, paged or seqused_k caches):
@@ -99,13 +100,13 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     """The KernelKey `forward` compiles and launches for this problem.
 
     local, softcap, varlen: a sliding window's lower edge, a softcap, a ragged batch
-    (`backends.KernelKey`); each keeps the tile, stages and register cap of the plain kernel
+    (`compile.keys.KernelKey`); each keeps the tile, stages and register cap of the plain kernel
     but where FEATURE_TILES says otherwise. seqlen_q: the call's queries, where 'auto' depends
     on them (`AUTO_SHORT_CAUSAL`). small_grid: a causal call whose 128-row query blocks
     would not fill the GPU's SMs once (`is_small_grid`) takes SMALL_GRID_TILES' tile where the
     arch and backend have one.
 
-    tile_arch (default: `arch`, or the one `tiles_of` forces) is the arch whose tables choose
+    tile_arch (default: `arch`; `runtime.plan.tiles_of` forces one) is the arch whose tables choose
     the tile, K/V stages, register cap and 'auto' backend, while the kernel is compiled for
     `arch`: run on an H200, sm_120a's tables give exactly the kernel an sm120 GPU gets, but
     for its target instruction set.
@@ -116,7 +117,7 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     spills, while the eager bf16 causal one spills 24 bytes. The eager kernel stays compiled
     and benchmarked.
     """
-    tiles = tile_arch or _forced_tile_arch[0] or arch
+    tiles = tile_arch or arch
     if backend == "auto":
         backend = AUTO_FEATURES.get((tiles, head_dim_class(head_dim), causal,
                                      (local, softcap, varlen)), backend)
@@ -149,7 +150,7 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     stages = max_kv_stages(cfg, Arch.of_name(tiles).smem_bytes, ctas_per_sm=ctas)
     # S = Q K^T's k-loop: fine-grained B loads or not, traced step by step or not, whichever
     # ptxas compiles without spills (at head_dim 128 on sm_90a each choice of s_gemm_fine
-    # spills 24-40 bytes in the other kind of kernel; kernels/gemm.py says why the causal one
+    # spills 24-40 bytes in the other kind of kernel; kernels/common/gemm.py says why the causal one
     # is traced step by step)
     return TmaKey(arch, causal, cfg, ctas_per_sm=cap, kv_stages=stages,
                   lazy_rescale=bool(lazy_rescale), s_gemm_fine=not causal,
@@ -202,27 +203,6 @@ def max_kv_stages(cfg: TileConfig, smem_budget: int, ctas_per_sm: int = 2, cap: 
         if stages >= 2:
             return stages
     return 1
-
-
-_forced_tile_arch: list = [None]
-
-
-@contextlib.contextmanager
-def tiles_of(arch: str | None):
-    """Within the block, `forward` and `sdpa` choose tiles, stages and backends from `arch`'s
-    tables (e.g. 'sm_120a', 'sm_86') instead of the GPU's own: the way to run, on the GPU at
-    hand, what a GPU of that arch runs. None restores the GPU's own tables."""
-    previous = _forced_tile_arch[0]
-    _forced_tile_arch[0] = None if arch is None else Arch.parse(arch).name
-    try:
-        yield _forced_tile_arch[0]
-    finally:
-        _forced_tile_arch[0] = previous
-
-
-def forced_tile_arch() -> str | None:
-    """The arch `tiles_of` forces now, or None."""
-    return _forced_tile_arch[0]
 
 
 # Tiles of the TMA kernel where they differ from TMA_TILES, by (arch, padded head_dim): on
@@ -475,7 +455,7 @@ def decode_key(arch: str, dtype: str, head_dim: int, causal: bool, *, seqlen_q: 
     DECODE_MAX_SEQLEN_Q: GQA-packed, decode tile), a paged cache, per-entry key counts or
     split keys. A longer query, or a ragged one (varlen_q: a paged cache read by a ragged
     batch of queries), keeps the prefill tile, unpacked."""
-    tiles = tile_arch or _forced_tile_arch[0] or arch
+    tiles = tile_arch or arch
     short = seqlen_q <= DECODE_MAX_SEQLEN_Q and not varlen_q
     cfg = decode_tile(tiles, dtype, head_dim, seqlen_q * group) if short else \
         tile_config(tiles, dtype, head_dim, causal, "sm80")
@@ -528,7 +508,7 @@ def num_splits_heuristic(tiles: int, n_blocks: int, num_sms: int, ctas_per_sm: i
     return next(s for s in range(1, most + 1) if efficiency(s) >= SPLIT_EFFICIENCY * best)
 
 
-# ---- the backward (kernels/bwd_sm80.py) ----
+# ---- the backward (kernels/bwd/sm80.py) ----
 # head_dim class -> tiles tried in order, the first whose shared memory fits the arch:
 # (block_m, block_n, num_threads, warps_sdp, warps_dkv, warps_dq, q_stages). 8 warps hold dK
 # and dV of a 128-key block (64 float32 registers per thread each at head_dim 128), with S, dP
@@ -550,10 +530,8 @@ BWD_ROWS = (64, 128)  # (block_m, num_threads) of the preprocess
 BWD_SPILL_BUDGET = 64  # bytes of spill stores a shipped backward kernel may have (see above)
 
 
-def bwd_tile(arch: str, dtype: str, head_dim: int) -> "BwdTileConfig":
+def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
     """The backward's tile on `arch` (its shared memory decides)."""
-    from .layouts.config import BwdTileConfig
-
     budget = Arch.of_name(arch).smem_bytes
     for bm, bn, nt, sdp, dkv, dq, stages in BWD_TILES[head_dim_class(head_dim)]:
         try:
@@ -569,9 +547,6 @@ def bwd_keys(arch: str, dtype: str, head_dim: int, causal: bool, *, local: bool 
              softcap: bool = False, varlen: bool = False, deterministic: bool = False,
              tile_arch: str | None = None) -> tuple:
     """(preprocess, main, postprocess) keys of one backward call."""
-    from .backends import BwdKey, BwdPostKey, BwdPrepKey
-    from .layouts.config import RowTile
-
     rows = RowTile(head_dim, BWD_ROWS[0], BWD_ROWS[1], dtype)
     main = BwdKey(arch, causal, bwd_tile(tile_arch or arch, dtype, head_dim), local=local,
                   softcap=softcap, varlen_q=varlen, varlen_k=varlen,

@@ -1,4 +1,5 @@
-"""Draws docs/architecture.png: how a call flows through cute_fa (python docs/architecture_figure.py)."""
+"""Draws docs/architecture.png: the package's layers and how a call flows through them
+(python docs/architecture_figure.py)."""
 
 from pathlib import Path
 
@@ -8,71 +9,88 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
 
-BOXES = {  # name: (x, y, title, lines)
-    "api": (0.5, 9.0, "cute_fa.forward / sdpa", ["interface.py"]),
-    "checks": (0.5, 7.4, "argument checks", ["interface._check_args: types, shapes,",
-                                             "values, devices; nothing launched yet"]),
-    "choice": (0.5, 5.6, "kernel choice", ["tuning.kernel_key: Arch (arch.py) ->",
-                                           "backend, tile, K/V stages, register cap",
-                                           "-> Sm80Key | TmaKey (backends.py)"]),
-    "cache": (0.5, 3.6, "compiled kernel", ["compiler.get_kernel: memory -> disk",
-                                            "(key digest + source fingerprint)",
-                                            "-> cute.compile(fake_arguments)"]),
-    "registry": (6.2, 3.6, "backend registry", ["backends.REGISTRY[key.backend]",
-                                                ".build(key) -> kernel object",
-                                                "ARGUMENTS: the kernel's argument list"]),
-    "kernels": (6.2, 5.6, "one module per kernel", ["kernels/fwd_sm80.py (cp.async)",
-                                                    "kernels/fwd_tma.py (TMA ring)",
-                                                    "grid, prologue, K/V rounds, epilogue"]),
-    "helpers": (6.2, 7.6, "device helpers, shared", ["thread_mma, gemm, softmax,",
-                                                     "mask (+ visibility.py), epilogue,",
-                                                     "launch"]),
-    "layouts": (6.2, 9.4, "cute_fa.layouts", ["config, smem, copies, mma, tma, ring:",
-                                              "every layout, copy and MMA"]),
-    "explain": (11.6, 9.4, "cute_fa.explain", ["FlashLayouts, figures, tour,",
-                                               "probe, walkthrough: read the same",
-                                               "builders on the CPU"]),
-    "launch": (0.5, 1.6, "launch", ["kernel(q, k, v, out, lse, scale,",
-                                    "causal_offset, write_lse) on the",
-                                    "current stream (TVM FFI)"]),
+HOST, DEVICE, EXPLAIN, BENCH = "#f6f1e7", "#e8f0fb", "#eef7ea", "#f3e9f5"
+W, H = 4.9, 1.55
+BOXES = {  # name: (x, y, colour, title, lines)
+    "api": (0.2, 10.2, HOST, "cute_fa.api: the public functions",
+            ["forward, sdpa, forward_varlen, merge_attention,", "backward, backward_varlen,",
+             "precompile (enumerates calls, plans each)"]),
+    "checks": (0.2, 8.2, HOST, "api/checks.py: every argument rule, once",
+               ["dense | ragged, paged or not; with or without grad,", "eager or traced",
+                "-> AttentionCall | BackwardCall (runtime/call.py)"]),
+    "eager": (6.3, 10.2, HOST, "three routes, one implementation",
+              ["no grad: straight to runtime.run", "grad, eager: api/autograd.py Function",
+               "torch.compile: api/ops.py custom ops"]),
+    "plan": (0.2, 6.2, HOST, "runtime/plan.py: plan(call, device)",
+             ["the one decision: kernel keys (tuning.py's", "tables), split count, merge;",
+              "tiles_of / overriding; cached by route"]),
+    "run": (6.3, 6.2, HOST, "runtime/run.py + launch.py",
+            ["outputs, split partials, dq's sums;", "typed argument records, None where",
+             "a key takes no argument; TVM FFI launch"]),
+    "compile": (0.2, 4.2, HOST, "cute_fa.compile",
+                ["keys, registry (kernels, arguments),", "fake arguments, cute.compile,",
+                 "memory + disk cache, fingerprint, ptxas"]),
+    "kernels": (6.3, 4.2, DEVICE, "cute_fa.kernels",
+                ["fwd/: base, sm80, tma, sm90, merge", "bwd/: preprocess, sm80, postprocess",
+                 "sched/: tile scheduler, seqlen, block info"]),
+    "common": (6.3, 2.2, DEVICE, "kernels/common: shared device pieces",
+               ["thread_mma, thread_wgmma, gemm, softmax,", "mask (+ visibility.py), loads,",
+                "epilogue, launch options"]),
+    "layouts": (12.4, 3.2, DEVICE, "cute_fa.layouts",
+                ["config, smem, copies, mma, wgmma,", "tma, ring, bwd: every layout,",
+                 "copy and MMA a kernel builds"]),
+    "explain": (12.4, 6.2, EXPLAIN, "cute_fa.explain",
+                ["FlashLayouts, WgmmaLayouts, BwdLayouts,", "figures, tour, walkthrough:",
+                 "the same builders, read on the CPU"]),
+    "bench": (12.4, 10.2, BENCH, "cute_fa.bench (python -m cute_fa bench)",
+              ["grid, prefill, decode, backward, host;", "common: one timer for every method,",
+               "fastest peer per row"]),
 }
-ARROWS = [("api", "checks"), ("checks", "choice"), ("choice", "cache"), ("cache", "registry"),
-          ("registry", "kernels"), ("kernels", "helpers"), ("helpers", "layouts"),
-          ("explain", "layouts"), ("cache", "launch")]
-W, H = 4.6, 1.35
+ARROWS = [("api", "checks", ""), ("checks", "plan", ""), ("api", "eager", ""),
+          ("eager", "run", ""), ("plan", "compile", ""), ("plan", "run", ""),
+          ("compile", "kernels", "build(key)"), ("kernels", "common", ""),
+          ("kernels", "layouts", ""), ("common", "layouts", ""), ("explain", "layouts", ""),
+          ("bench", "eager", "public API"), ("run", "kernels", "")]
+
+
+def _side(box, towards):
+    """The middle of the side of `box` that faces the point `towards`."""
+    x, y = box[:2]
+    cx, cy = x + W / 2, y + H / 2
+    tx, ty = towards
+    if abs(tx - cx) * H > abs(ty - cy) * W:
+        return (x + W, cy) if tx > cx else (x, cy)
+    return (cx, y + H) if ty > cy else (cx, y)
 
 
 def main(out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(11.5, 7.6))
-    for name, (x, y, title, lines) in BOXES.items():
-        colour = "#e8f0fb" if name in ("kernels", "helpers", "layouts") else (
-            "#eef7ea" if name == "explain" else "#f6f1e7")
+    fig, ax = plt.subplots(figsize=(13, 9.2))
+    for name, (x, y, colour, title, lines) in BOXES.items():
         ax.add_patch(FancyBboxPatch((x, y), W, H, boxstyle="round,pad=0.05", fc=colour,
                                     ec="#444", lw=1))
-        ax.text(x + 0.12, y + H - 0.28, title, fontsize=10, weight="bold", va="center")
+        ax.text(x + 0.12, y + H - 0.27, title, fontsize=9.5, weight="bold", va="center")
         for i, line in enumerate(lines):
-            ax.text(x + 0.12, y + H - 0.62 - 0.3 * i, line, fontsize=8, family="monospace",
+            ax.text(x + 0.12, y + H - 0.62 - 0.3 * i, line, fontsize=7.8, family="monospace",
                     va="center")
-    for a, b in ARROWS:
-        xa, ya = BOXES[a][:2]
-        xb, yb = BOXES[b][:2]
-        if abs(xa - xb) < 1e-6:  # vertical
-            start, end = (xa + W / 2, ya) if ya > yb else (xa + W / 2, ya + H), \
-                (xb + W / 2, yb + H) if ya > yb else (xb + W / 2, yb)
-        elif abs(ya - yb) < 1e-6:  # horizontal
-            start, end = (xa + W, ya + H / 2) if xa < xb else (xa, ya + H / 2), \
-                (xb, yb + H / 2) if xa < xb else (xb + W, yb + H / 2)
-        else:
-            start, end = (xa + W, ya + H / 2), (xb, yb + H / 2)
+    for a, b, label in ARROWS:
+        ba, bb = BOXES[a], BOXES[b]
+        centre = lambda box: (box[0] + W / 2, box[1] + H / 2)  # noqa: E731
+        start, end = _side(ba, centre(bb)), _side(bb, centre(ba))
         ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14,
-                                     color="#333", lw=1.2))
-    ax.text(0.5, 0.7, "host (Python, per call: checks, key lookup; first call: trace + compile)",
-            fontsize=9, color="#7a5c1e")
-    ax.text(11.6, 6.6, "blue: device code,\ntraced by the CuTe DSL", fontsize=9, color="#1f4e8c")
-    ax.set_xlim(0, 16.6)
-    ax.set_ylim(0.3, 11.2)
+                                     color="#333", lw=1.1))
+        if label:
+            ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.12, label,
+                    fontsize=7, color="#555", ha="center", va="bottom")
+    ax.text(0.2, 1.5, "host, per call: checks, plan lookup, launch (no dispatcher without\n"
+                      "grad); first call of a key: trace + compile, then the disk cache",
+            fontsize=8.5, color="#7a5c1e")
+    ax.text(12.4, 1.8, "blue: device code, traced by the CuTe DSL\ngreen: reads it, shapes "
+                       "nothing\nviolet: measures it through the public API", fontsize=8.5,
+            color="#1f4e8c")
+    ax.set_xlim(0, 17.5)
+    ax.set_ylim(1.0, 12.2)
     ax.axis("off")
-    ax.set_title("How a call flows through cute_fa", fontsize=12)
+    ax.set_title("cute_fa: the layers, and one call through them", fontsize=12)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 

@@ -61,7 +61,7 @@ if __name__ == "__main__":
     import sys
     from concurrent.futures import ProcessPoolExecutor
 
-    from cute_fa.compiler import get_kernel, wait_for_saves
+    from cute_fa.compile.cache import get_kernel, wait_for_saves
 
     def _compile(key):
         get_kernel(key)

@@ -1,33 +1,45 @@
-"""A stand-in for the compiler and the launch, shared by the CPU tests of what `forward` and
-`forward_varlen` hand each kernel: the `launches` fixture records (key, arguments) of every
-launch instead of compiling and running, with the GPU's arch (sm_90a) and SM count (132)
-stood in; `named_arguments` names a launch's arguments by its backend's registered list."""
+"""A stand-in for the compiler and the launch, shared by the CPU tests of what the public
+functions hand each kernel: the `launches` fixture records (key, arguments) of every launch
+instead of compiling and running, with a GPU of arch sm_90a and 132 SMs stood in for the CPU
+tensors' device; `named_arguments` names a launch's arguments by its backend's registered
+list."""
 
 import pytest
 import torch
 
-from cute_fa import compiler, interface
-from cute_fa.backends import backend_of
+from cute_fa.api import checks
+from cute_fa.compile.registry import backend_of
+from cute_fa.runtime import device, plan, run
 
 
 @pytest.fixture
 def launches(monkeypatch):
-    held = (torch.empty(1, 1, 1), torch.zeros(1, dtype=torch.int32),
-            torch.zeros(1, 1, dtype=torch.int32))
+    no_lse = torch.empty(1, 1, 1)
     recorded = []
-    monkeypatch.setattr(interface, "_check_device", lambda *a: None)
-    monkeypatch.setattr(interface, "_arch", lambda device_index: "sm_90a")
-    monkeypatch.setattr(interface, "_num_sms", lambda device_index: 132)
-    monkeypatch.setattr(interface, "get_kernel", lambda key: key)
-    monkeypatch.setattr(interface, "_placeholders", lambda device_index: held)
-    monkeypatch.setattr(interface, "_launch",
+    monkeypatch.setattr(checks, "check_devices", lambda named, device_index: None)
+    monkeypatch.setitem(device.DEVICES, -1, device.stand_in("sm_90a", 132))
+    monkeypatch.setattr(plan, "get_kernel", lambda key: key)
+    monkeypatch.setattr(run, "no_lse", lambda device_index: no_lse)
+    monkeypatch.setattr(run, "launch",
                         lambda device_index, kernel, args: recorded.append((kernel, args)))
-    compiler.memory_cache.clear()
-    yield recorded, held
-    compiler.memory_cache.clear()
+    plan.clear_plans()
+    yield recorded, no_lse
+    plan.clear_plans()
 
 
 def named_arguments(key, args) -> dict:
-    names = [name for name, _ in backend_of(key).arguments]
+    names = [a.name for a in backend_of(key).arguments]
     assert len(args) == len(names), (key, len(args), names)
     return dict(zip(names, args))
+
+
+@pytest.fixture
+def kernels_asked(launches, monkeypatch):
+    """The keys calls and `precompile` ask the compiler for, in order (nothing compiles)."""
+    from cute_fa.api import precompile
+
+    keys = []
+    monkeypatch.setattr(plan, "get_kernel", lambda key: keys.append(key) or key)
+    monkeypatch.setattr(precompile, "get_kernel", lambda key: keys.append(key) or key)
+    monkeypatch.setattr(precompile, "wait_for_saves", lambda: None)
+    return keys

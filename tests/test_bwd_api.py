@@ -7,8 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cute_fa  # noqa: E402
-from cute_fa import ops  # noqa: E402,F401  (registers the ops)
-from cute_fa.backward import backward, backward_varlen  # noqa: E402
+from cute_fa import backward, backward_varlen  # noqa: E402
+from cute_fa.api import ops  # noqa: E402,F401  (registers the ops)
+from launch_recording import launches  # noqa: E402,F401  (a fixture)
 
 
 def test_schemas():
@@ -123,18 +124,61 @@ def test_backward_varlen_argument_errors():
         backward_varlen(q, q, k, k, q, lse, cu, None, 50, 50)
 
 
-def test_forward_refuses_what_has_no_backward():
+def test_forward_refuses_what_has_no_backward(launches):
     """With inputs that require grad, the arguments autograd cannot honour raise (no silent
-    detach): out= and the KV-cache arguments."""
+    detach): out= and the KV-cache arguments; checked after every argument rule (a GPU is
+    stood in: the call gets past the device check) and before any launch."""
+    recorded, _ = launches
     q = _cpu(1, 64, 2, 64).requires_grad_()
     k = v = _cpu(1, 64, 2, 64)
+    out = torch.full_like(q, 3.0, requires_grad=False)
     with pytest.raises(ValueError, match="out= has no backward"):
-        cute_fa.forward(q, k, v, out=_cpu(1, 64, 2, 64))
+        cute_fa.forward(q, k, v, out=out)
     with pytest.raises(ValueError, match="have no backward"):
         cute_fa.forward(q, k, v, num_splits=2)
-    with torch.no_grad():  # without grad the call goes the inference way (and needs a GPU)
-        with pytest.raises(ValueError, match="must be on a CUDA device"):
-            cute_fa.forward(q, k, v)
+    with pytest.raises(ValueError, match="have no backward"):
+        cute_fa.forward(q, k, v, seqused_k=torch.full((1,), 64, dtype=torch.int32))
+    qv, kv = _cpu(64, 2, 64).requires_grad_(), _cpu(4, 64, 2, 64)
+    cu = torch.tensor([0, 64], dtype=torch.int32)
+    with pytest.raises(ValueError, match="no backward"):
+        cute_fa.forward_varlen(qv, kv, kv, cu, None, 64, 64,
+                               page_table=torch.zeros(1, 2, dtype=torch.int32))
+    assert recorded == [] and (out == 3.0).all()
+    with torch.no_grad():  # without grad the call goes the inference way
+        cute_fa.forward(q, k, v, out=out)
+    assert len(recorded) == 1
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (lambda t: t.float(), TypeError, "q must be float16 or bfloat16"),
+    (lambda t: t[0], ValueError, "q must be 4-D"),
+    (lambda t: torch.randn(1, 64, 2, 300, dtype=torch.float16), ValueError, "head_dim"),
+    (lambda t: t, ValueError, "q must be on a CUDA device"),
+])
+@pytest.mark.parametrize("grad", [False, True])
+def test_bad_input_raises_the_same_error_with_and_without_grad(bad, error, match, grad):
+    """The argument rules run before autograd is involved: with inputs that require grad a
+    bad input gets the same named error (not torch's dispatcher dump)."""
+    q = bad(_cpu(1, 64, 2, 64)).detach().requires_grad_(grad)
+    k = v = _cpu(1, 64, 2, q.shape[-1] if q.dim() == 4 else 64).requires_grad_(grad)
+    with pytest.raises(error, match=match):
+        cute_fa.forward(q, k, v, causal=True)
+    with pytest.raises(error, match=match):
+        cute_fa.sdpa(q.transpose(1, 2) if q.dim() == 4 else q, k.transpose(1, 2),
+                     v.transpose(1, 2))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_bad_varlen_input_raises_the_same_error_with_and_without_grad(grad):
+    q = _cpu(64, 2, 64).requires_grad_(grad)
+    k = _cpu(64, 2, 64).requires_grad_(grad)
+    cu = torch.tensor([0, 64], dtype=torch.int32)
+    with pytest.raises(TypeError, match="cu_seqlens_q must be an int32 tensor"):
+        cute_fa.forward_varlen(q, k, k, cu.long(), cu, 64, 64)
+    with pytest.raises(ValueError, match="q must be on a CUDA device"):
+        cute_fa.forward_varlen(q, k, k, cu, cu, 64, 64)
+    with pytest.raises(ValueError, match="max_seqlen_k .80. must be at most the number of key"):
+        cute_fa.forward_varlen(q, k, k, cu, cu, 64, 80)
 
 
 def test_torch_compile_traces_without_graph_breaks():
@@ -186,3 +230,50 @@ def test_deterministic_must_be_a_bool():
                  lambda: cute_fa.sdpa(q, q, q, deterministic=1)):
         with pytest.raises(TypeError, match="deterministic must be a bool"):
             call()
+
+
+@pytest.mark.parametrize("bad_out, error, match", [
+    (lambda q: torch.empty(q.shape, dtype=torch.float32), TypeError,
+     "out must be float16 or bfloat16"),
+    (lambda q: torch.empty(q.shape, dtype=torch.bfloat16), TypeError, "out must have dtype"),
+    (lambda q: torch.empty(q.shape[1:], dtype=q.dtype), ValueError, "out must be 4-D"),
+    (lambda q: torch.empty(1, 1, 2, 64, dtype=q.dtype), ValueError,  # broadcastable to q
+     "out must have the shape of q"),
+    (lambda q: torch.empty(1, 64, 2, 68, dtype=q.dtype)[..., :64], ValueError,
+     "out strides must be multiples of 8"),
+])
+def test_out_is_checked_by_the_same_rule_under_torch_compile(bad_out, error, match):
+    """out= under torch.compile (traced on the CPU, no GPU needed to raise): the eager rules,
+    not an unchecked copy. Eager, the same out raises the same error."""
+    torch._dynamo.reset()
+    q = _cpu(1, 64, 2, 64)
+    out = bad_out(q)
+
+    def attention(q, out):
+        return cute_fa.forward(q, q, q, causal=True, out=out)
+
+    with pytest.raises(error, match=match):
+        attention(q, out)
+    with pytest.raises(error, match=match):
+        torch.compile(attention, backend="eager")(q, out)
+
+
+def test_a_good_out_under_torch_compile_is_filled_by_the_op():
+    """A valid out= traces to the op and a copy into out (the graph recorded, not run)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    q = _cpu(1, 64, 2, 64)
+    compiled = torch.compile(lambda q, out: cute_fa.forward(q, q, q, out=out),
+                             backend=aot_autograd(fw_compiler=record), fullgraph=True)
+    with pytest.raises(NotImplementedError):  # the graph runs: the op has no CPU kernel
+        compiled(q, torch.empty_like(q))
+    targets = [str(n.target) for n in graphs[0].graph.nodes]
+    assert "cute_fa.fwd.default" in targets
+    assert any(t.startswith("aten.copy") for t in targets), targets

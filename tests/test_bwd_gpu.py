@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
 import cute_fa  # noqa: E402
-from cute_fa.tuning import tiles_of  # noqa: E402
+from cute_fa import tiles_of  # noqa: E402
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim): odd lengths, Sq != Sk both ways,
 # GQA 2 and 4, MQA, every head_dim class and a padded one
@@ -173,7 +173,7 @@ def test_deterministic_is_bitwise_repeatable(causal):
 
 
 def test_bad_dout_raises_before_launch():
-    from cute_fa.backward import backward
+    from cute_fa import backward
 
     gen = torch.Generator(device="cuda").manual_seed(1)
     q, k, v = (_rand(1, 64, 2, 64, dtype=torch.float16, gen=gen) for _ in range(3))
@@ -200,6 +200,8 @@ def test_bad_dout_raises_before_launch():
 
 
 def test_opcheck():
+    from cute_fa.api import ops  # noqa: F401  (registers the custom ops)
+
     gen = torch.Generator(device="cuda").manual_seed(2)
     q = _rand(1, 100, 4, 64, dtype=torch.bfloat16, gen=gen, requires_grad=True)
     k, v = (_rand(1, 120, 2, 64, dtype=torch.bfloat16, gen=gen, requires_grad=True)
@@ -360,3 +362,66 @@ def test_hf_model_trains_through_cute_fa():
         assert abs(l_cute - l_ref) <= 2 * abs(l_sdpa - l_ref) + 1e-2
         for r, a, b in zip(g_ref, g_sdpa, g_cute):
             assert (b - r).norm() <= 2 * (a - r).norm() + 1e-3 * r.norm() + 1e-6
+
+
+def test_eager_autograd_and_the_custom_ops_agree():
+    """The eager route (a plain autograd.Function) and the traced route (the custom ops, here
+    called directly) run one implementation: bitwise equal outputs and gradients."""
+    from cute_fa.api import ops  # noqa: F401
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q = _rand(2, 190, 8, 128, dtype=torch.bfloat16, gen=gen, requires_grad=True)
+    k, v = (_rand(2, 230, 2, 128, dtype=torch.bfloat16, gen=gen, requires_grad=True)
+            for _ in range(2))
+    dout = torch.randn(2, 190, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    o = cute_fa.forward(q, k, v, causal=True, window_size=(100, 0), softcap=10.0)
+    assert type(o.grad_fn).__name__.startswith("_Attention")  # no dispatcher on this route
+    eager = (o,) + torch.autograd.grad(o, (q, k, v), dout)
+    o2, _ = torch.ops.cute_fa.fwd(q, k, v, True, None, 100, 0, 10.0, True, "auto", False)
+    traced = (o2,) + torch.autograd.grad(o2, (q, k, v), dout)
+    for a, b in zip(eager, traced):
+        assert torch.equal(a, b)
+
+
+def test_out_under_torch_compile():
+    """out= under torch.compile: filled (through the op and a copy), and a bad one refused by
+    the eager rules before anything runs."""
+    torch._dynamo.reset()
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    q, k, v = (_rand(1, 300, 4, 64, dtype=torch.float16, gen=gen) for _ in range(3))
+    compiled = torch.compile(lambda q, k, v, out: cute_fa.forward(q, k, v, causal=True,
+                                                                  out=out), fullgraph=True)
+    out = torch.full_like(q, float("nan"))
+    result = compiled(q, k, v, out)
+    assert result.data_ptr() == out.data_ptr()
+    assert torch.equal(out, cute_fa.forward(q, k, v, causal=True))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v, out: cute_fa.forward(q, k, v, causal=True,
+                                                                  out=out))
+    bad = torch.full(q.shape, 3.0, device="cuda", dtype=torch.float32)
+    with pytest.raises(TypeError, match="out must be float16 or bfloat16"):
+        compiled(q, k, v, bad)
+    assert (bad == 3.0).all()
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_max_seqlen_checked_under_check_indices(monkeypatch, grad):
+    """CUTE_FA_CHECK_INDICES=1: a max_seqlen_q or max_seqlen_k below the longest sequence is
+    refused by forward_varlen and backward_varlen (it would leave rows unwritten or keys
+    without a gradient); without it the free check still refuses one past the rows."""
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    lens = [100, 300, 7]
+    cu = torch.tensor([0, 100, 400, 407], device="cuda", dtype=torch.int32)
+    q, k, v = (_rand(407, 4, 64, dtype=torch.bfloat16, gen=gen, requires_grad=grad)
+               for _ in range(3))
+    with pytest.raises(ValueError, match="must be at most the number of key rows"):
+        cute_fa.forward_varlen(q, k, v, cu, cu, 300, 408, causal=True)
+    monkeypatch.setenv("CUTE_FA_CHECK_INDICES", "1")
+    with pytest.raises(ValueError, match=r"max_seqlen_k \(299\) is less than the longest key"):
+        cute_fa.forward_varlen(q, k, v, cu, cu, max(lens), 299, causal=True)
+    with pytest.raises(ValueError, match=r"max_seqlen_q \(299\) is less than the longest query"):
+        cute_fa.forward_varlen(q, k, v, cu, cu, 299, max(lens), causal=True)
+    o, lse = cute_fa.forward_varlen(q, k, v, cu, cu, 300, 300, causal=True, return_lse=True)
+    with pytest.raises(ValueError, match=r"max_seqlen_k \(299\) is less than the longest key"):
+        cute_fa.backward_varlen(torch.ones_like(o), q.detach(), k.detach(), v.detach(),
+                                o.detach(), lse, cu, cu, 300, 299, causal=True)

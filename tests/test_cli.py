@@ -78,9 +78,13 @@ def test_precompile_without_gpu_names_the_flag():
     (["precompile", "--head-dims", "60"], "--head-dims: each head_dim must be a multiple of 8"),
     (["precompile", "--head-dims", "0", "--arch", "sm_90a"], "each head_dim must be a multiple"),
     (["precompile", "--head-dims", "6x4"], "--head-dims must be comma-separated head dims"),
-    (["precompile", "--dtypes", "float32", "--arch", "sm_90a"], "dtypes must name float16 or "
+    (["precompile", "--dtypes", "float32", "--arch", "sm_90a"], "--dtypes must name float16 or "
                                                                  "bfloat16, got 'float32'"),
-    (["precompile", "--arch", "sm_70"], "arch must be one of sm_80, sm_86"),
+    (["precompile", "--arch", "sm_90a", "--decode-groups", "4", "--page-sizes", "24"],
+     "--page-sizes must hold multiples of 16"),
+    (["precompile", "--arch", "sm_90a", "--page-sizes", "64"],
+     "--page-sizes needs --decode-groups"),
+    (["precompile", "--arch", "sm_70"], "--arch must be one of sm_80, sm_86"),
     (["precompile", "--arch", "foo"], "arch must be one of"),
     (["precompile", "--arch", "90"], "got '90'"),
     (["probe", "--head-dim", "60"], "head_dim must be a multiple of 8"),
@@ -119,3 +123,29 @@ def test_console_script():
     assert out.stdout.startswith("thread 1 (warp 0, lane 1)")
     assert "usage: cute-fa" in subprocess.run([script, "--help"], capture_output=True,
                                               text=True, timeout=600).stdout
+
+
+def test_output_into_a_closed_pipe_is_not_a_traceback():
+    """`cute-fa layouts --tid 1 | head -1`: the reader stops early; the command ends quietly."""
+    out = subprocess.run(f"{sys.executable} -m cute_fa layouts --tid 1 | head -1", shell=True,
+                         capture_output=True, text=True, timeout=600)
+    assert out.stdout.startswith("thread 1 (warp 0, lane 1)")
+    assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
+
+
+def test_precompile_shows_each_kernel_and_says_where_it_came_from(tmp_path):
+    """precompile prints a line per kernel as it goes, then how many were compiled and how
+    many were found in the cache (a second run finds them all)."""
+    import os
+
+    env = dict(os.environ, CUTE_FA_CACHE_DIR=str(tmp_path))
+    args = [sys.executable, "-m", "cute_fa", "precompile", "--head-dims", "64", "--dtypes",
+            "float16", "--arch", "sm_80", "--backend", "sm80"]
+    first = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0, first.stderr
+    lines = first.stderr.strip().splitlines()
+    assert lines and all(line.startswith(f"[{i + 1}/{len(lines)}] sm80 sm_80 float16 head_dim 64")
+                         for i, line in enumerate(lines)), lines
+    assert first.stdout.strip() == f"{len(lines)} kernels: {len(lines)} compiled"
+    second = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    assert second.stdout.strip() == f"{len(lines)} kernels: {len(lines)} from the disk cache"

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from cute_fa.compiler import compile_kernel, ptxas_resources
+from cute_fa.compile.build import compile_kernel
+from cute_fa.compile.ptxas import ptxas_resources
 from cute_fa.layouts import BwdTileConfig
 from cute_fa.tuning import BWD_SPILL_BUDGET, BWD_TILES, SMEM_BYTES, bwd_keys, bwd_tile
 

@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from cute_fa.backends import MergeKey
-from cute_fa.compiler import compile_kernel, ptxas_resources
+from cute_fa.compile.keys import MergeKey
+from cute_fa.compile.build import compile_kernel
+from cute_fa.compile.ptxas import ptxas_resources
 from cute_fa.tuning import SMEM_BYTES, decode_key
 
 ARCHS = ["sm_80", "sm_90a", "sm_120a"]
@@ -69,7 +70,7 @@ def test_merge_kernel_compiles(arch, head_dim, in_dtype, out_dtype):
 
 
 def test_merge_rejects_a_head_dim_it_cannot_vectorise():
-    from cute_fa.kernels.merge import MergeAttention
+    from cute_fa.kernels.fwd.merge import MergeAttention
 
     with pytest.raises(ValueError, match="head_dim must be a multiple of 4"):
         MergeAttention(MergeKey("sm_90a", 6, "float32", "bfloat16"))

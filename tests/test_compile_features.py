@@ -11,7 +11,8 @@ import re
 
 import pytest
 
-from cute_fa.compiler import compile_kernel, ptxas_resources
+from cute_fa.compile.build import compile_kernel
+from cute_fa.compile.ptxas import ptxas_resources
 from cute_fa.tuning import (AUTO_FEATURES, FEATURE_SPILL_BUDGET, FEATURE_TILES, SMEM_BYTES,
                             SPILLING_FEATURE_KERNELS, decode_key, kernel_key)
 

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from cute_fa.compiler import compile_kernel, ptxas_resources
+from cute_fa.compile.build import compile_kernel
+from cute_fa.compile.ptxas import ptxas_resources
 from cute_fa.tuning import SMALL_GRID_TILES, SMEM_BYTES, TILES, kernel_key, tile_config
 
 ARCHS = ["sm_80", "sm_90a", "sm_120a"]

@@ -7,8 +7,10 @@ import re
 
 import pytest
 
-from cute_fa.backends import REGISTRY, Sm90Key
-from cute_fa.compiler import compile_kernel, ptxas_resources
+from cute_fa.compile.keys import Sm90Key
+from cute_fa.compile.registry import REGISTRY
+from cute_fa.compile.build import compile_kernel
+from cute_fa.compile.ptxas import ptxas_resources
 from cute_fa.layouts import TileConfig, wgmma
 from cute_fa.tuning import SM90_TILES, SMEM_BYTES, kernel_key
 

@@ -16,11 +16,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cute_fa  # noqa: E402
-from cute_fa import interface  # noqa: E402
+from cute_fa import tuning  # noqa: E402
 
 DEVICE = "must be on a CUDA device"  # where a valid call on CPU tensors stops
 # the largest page size forward takes (the issue asks for 512 at least)
-MAX_PAGE_SIZE = getattr(interface, "MAX_PAGE_SIZE", 512)
+MAX_PAGE_SIZE = tuning.MAX_PAGE_SIZE
 
 
 @contextmanager

@@ -245,9 +245,9 @@ def test_num_splits_agree_and_repeat_bitwise(name):
 # --- paged caches: page sizes, pages never named ----------------------------------------------
 
 def _max_page_size():
-    from cute_fa import interface
+    from cute_fa.tuning import MAX_PAGE_SIZE
 
-    return getattr(interface, "MAX_PAGE_SIZE", 512)
+    return MAX_PAGE_SIZE
 
 
 @pytest.mark.parametrize("page_size", [16, 48, 64, 256, 512, "max"])

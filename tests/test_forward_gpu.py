@@ -84,7 +84,7 @@ def test_forward_grid(shape, backend):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-q{}-k{}-h{}/{}-d{}-{}-{}".format(
     *s[:6], "causal" if s[6] else "full", s[7]))
 def test_forward_grid_other_arch_tiles(shape, tile_arch, backend):
-    from cute_fa.tuning import tiles_of
+    from cute_fa import tiles_of
 
     with tiles_of(tile_arch):
         _grid_case(shape, backend)
@@ -113,7 +113,8 @@ def test_tma_rescale_under_growing_max(causal, lazy):
     """Keys are walked from the last block down; making the early keys much larger makes
     every row's max jump by far more than the lazy threshold (2^8) mid-sweep, so both the
     kept-stale-max path and the rescale path run."""
-    from cute_fa import interface
+    import cute_fa
+    from cute_fa.runtime.plan import overriding
 
     gen = torch.Generator(device="cuda").manual_seed(21 + causal)
     b, s, h, d = 1, 700, 4, 128
@@ -122,8 +123,8 @@ def test_tma_rescale_under_growing_max(causal, lazy):
     k[:, : s // 2] *= 6
     v = rand(b, s, h, d, dtype="bfloat16", gen=gen)
     out = torch.full_like(q, float("nan"))
-    o, lse = interface._run(q, k, v, causal=causal, bottom_right=True, softmax_scale=None, out=out,
-                            return_lse=True, backend="tma", lazy_rescale=lazy)
+    with overriding(lazy_rescale=lazy):
+        o, lse = cute_fa.forward(q, k, v, causal=causal, out=out, return_lse=True, backend="tma")
     check_case(o, lse, q, k, v, causal=causal, causal_offset=0, scale=1 / math.sqrt(d))
 
 

@@ -35,10 +35,10 @@ def test_wrong_types():
      "q must have a contiguous last dimension"),
 ])
 def test_bad_shapes_and_strides(mutate, match):
-    from cute_fa.interface import _plainly_valid
+    from cute_fa.api.checks import plain_call
 
     args = mutate(*qkv())
-    assert not _plainly_valid(*args, None, None, False, False, "auto")  # the fast path never waves it on
+    assert plain_call(*args, None, None, False, False, "auto") is None  # the fast path never waves it on
     with pytest.raises(ValueError, match=match):
         cute_fa.forward(*args)
 

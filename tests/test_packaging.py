@@ -51,7 +51,7 @@ def test_dev_extras():
 def test_dsl_flavour_follows_the_driver(monkeypatch):
     """nvidia-cutlass-dsl[cu13] installs both CUDA flavours of the DSL; the warm path loads
     the runtime of the one the DSL itself picks: the newest the driver supports."""
-    from cute_fa import compiler
+    from cute_fa.compile import fingerprint
 
     assert any(d.startswith("nvidia-cutlass-dsl[cu13]") for d in PYPROJECT["project"]["dependencies"])
     import glob
@@ -62,8 +62,8 @@ def test_dsl_flavour_follows_the_driver(monkeypatch):
                 for p in glob.glob(f"{d}/cu*/lib/libcute_dsl_runtime.so")}
     assert {"cu12", "cu13"} <= flavours, "pip install -e . installs both flavours"
     for driver, expected in ((12, "cu12"), (13, "cu13"), (14, "cu13"), (None, "cu13")):
-        monkeypatch.setattr(compiler, "_driver_cuda_major", lambda d=driver: d)
-        assert Path(compiler.dsl_runtime_library()).parent.parent.name == expected
+        monkeypatch.setattr(fingerprint, "driver_cuda_major", lambda d=driver: d)
+        assert Path(fingerprint.dsl_runtime_library()).parent.parent.name == expected
 
 
 def test_readme_cli_commands_parse():
@@ -71,7 +71,7 @@ def test_readme_cli_commands_parse():
     import re
     import shlex
 
-    from cute_fa.__main__ import _parser
+    from cute_fa.__main__ import build_parser
 
     text = (ROOT / "README.md").read_text()
     assert 'pip install -e ".[dev]" && python -m pytest' in text
@@ -80,4 +80,4 @@ def test_readme_cli_commands_parse():
     for tail in commands:
         args = [a for a in shlex.split(tail) if not a.startswith("<")]
         args = [a for a in args if a not in ("etc.",)]
-        _parser().parse_args(args)
+        build_parser().parse_args(args)

@@ -14,7 +14,7 @@ def test_precompile_stays_callable():
     with pytest.raises(ValueError, match="head_dims"):
         cute_fa.precompile(head_dims=60, arch="sm_80")
     assert callable(cute_fa.precompile)
-    importlib.import_module("cute_fa._precompile")  # importing it explicitly changes nothing
+    importlib.import_module("cute_fa.api.precompile")  # importing it explicitly changes nothing
 
     assert callable(cute_fa.precompile)
 

@@ -7,24 +7,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cute_fa  # noqa: E402
-from cute_fa import _precompile, compiler, interface  # noqa: E402
-
-
-@pytest.fixture
-def recorded(monkeypatch):
-    keys = []
-    monkeypatch.setattr(compiler, "get_kernel", lambda key: keys.append(key) or key)
-    monkeypatch.setattr(interface, "get_kernel", lambda key: keys.append(key) or key)
-    monkeypatch.setattr(_precompile, "get_kernel", lambda key: keys.append(key) or key)
-    monkeypatch.setattr(interface, "_arch", lambda device_index: "sm_90a")
-    monkeypatch.setattr(interface, "_num_sms", lambda device_index: 132)
-    compiler.memory_cache.clear()
-    yield keys
-    compiler.memory_cache.clear()
+from launch_recording import kernels_asked as recorded  # noqa: E402,F401  (a fixture)
+from launch_recording import launches  # noqa: E402,F401  (a fixture)
 
 
 def _plan(batch, seqlen_q, heads_q, heads_kv, head_dim, dtype, causal, *, page_size=0,
           seqused=False, num_splits=None):
+    """A decode call, planned as `forward` plans it (the compiler and launch stood in)."""
     q = torch.empty(batch, seqlen_q, heads_q, head_dim, dtype=dtype)
     if page_size:
         k = torch.empty(50, page_size, heads_kv, head_dim, dtype=dtype)
@@ -32,11 +21,8 @@ def _plan(batch, seqlen_q, heads_q, heads_kv, head_dim, dtype, causal, *, page_s
     else:
         k, table = torch.empty(batch, 4096, heads_kv, head_dim, dtype=dtype), None
     lens = torch.zeros(batch, dtype=torch.int32) if seqused else None
-    kernel, splits = interface._decode_plan(0, q, k, interface.ScoreFeatures(causal), lens, table,
-                                            num_splits)
-    if splits > 1:  # forward then merges the partials
-        interface._merge_kernel(0, torch.float32, dtype, head_dim)
-    return kernel, splits
+    cute_fa.forward(q, k, k, causal=causal, seqused_k=lens, page_table=table,
+                    num_splits=num_splits)
 
 
 def test_decode_calls_use_only_precompiled_kernels(recorded):

@@ -8,24 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cute_fa  # noqa: E402
-from cute_fa import _precompile, backward, compiler, interface  # noqa: E402
-
-
-@pytest.fixture
-def recorded(monkeypatch):
-    keys = []
-    held = (torch.empty(1, 1, 1), torch.zeros(1, dtype=torch.int32),
-            torch.zeros(1, 1, dtype=torch.int32))
-    for module in (compiler, interface, _precompile, backward):
-        monkeypatch.setattr(module, "get_kernel", lambda key: keys.append(key) or key)
-    monkeypatch.setattr(interface, "_arch", lambda device_index: "sm_90a")
-    monkeypatch.setattr(interface, "_num_sms", lambda device_index: 132)
-    monkeypatch.setattr(interface, "_check_device", lambda *a: None)
-    monkeypatch.setattr(interface, "_placeholders", lambda device_index: held)
-    monkeypatch.setattr(interface, "_launch", lambda *a: None)
-    compiler.memory_cache.clear()
-    yield keys
-    compiler.memory_cache.clear()
+from launch_recording import kernels_asked as recorded  # noqa: E402,F401  (a fixture)
+from launch_recording import launches  # noqa: E402,F401  (a fixture)
 
 
 def _calls():
@@ -101,10 +85,10 @@ def test_backward_calls_use_only_precompiled_kernels(recorded):
     q, out, dout = (torch.randn(2, 300, 32, 128, dtype=bf16) for _ in range(3))
     k = torch.randn(2, 300, 8, 128, dtype=bf16)
     lse = torch.randn(2, 32, 300)
-    backward.backward(dout, q, k, k, out, lse, True)
-    backward.backward(dout, q, k, k, out, lse, True, window_size=(255, 0), softcap=30.0)
+    cute_fa.backward(dout, q, k, k, out, lse, True)
+    cute_fa.backward(dout, q, k, k, out, lse, True, window_size=(255, 0), softcap=30.0)
     lens = torch.tensor([0, 100, 200], dtype=torch.int32)
-    backward.backward_varlen(dout[0], q[0], k[0], k[0], out[0], lse[0], lens, lens, 100, 100,
+    cute_fa.backward_varlen(dout[0], q[0], k[0], k[0], out[0], lse[0], lens, lens, 100, 100,
                              True)
     asked = set(recorded)
     assert {type(k).__name__ for k in asked} == {"BwdPrepKey", "BwdKey", "BwdPostKey"}

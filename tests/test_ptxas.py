@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cute_fa import compiler
+from cute_fa.compile import ptxas
 
 # One kernel by hand: 32-bit adds into a global pointer, so ptxas reports its registers.
 PTX = """
@@ -35,9 +35,9 @@ def no_toolkit(monkeypatch, tmp_path):
 
 
 def test_wheel_ptxas_without_path(no_toolkit):
-    path = compiler.ptxas_path()
+    path = ptxas.ptxas_path()
     assert Path(path).name == "ptxas" and Path(path).parent.parent.name.startswith("cu")
-    res = compiler.ptxas_resources(PTX, "sm_80")
+    res = ptxas.ptxas_resources(PTX, "sm_80")
     assert res["ptxas"] == path
     assert 1 <= res["registers"] <= 16
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0
@@ -46,22 +46,22 @@ def test_wheel_ptxas_without_path(no_toolkit):
 def test_explicit_ptxas(monkeypatch, tmp_path):
     monkeypatch.setenv("CUTE_FA_PTXAS", str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match="CUTE_FA_PTXAS"):
-        compiler.ptxas_path()
-    wheel = sorted(compiler._wheel_ptxas())[-1]
+        ptxas.ptxas_path()
+    wheel = sorted(ptxas.wheel_ptxas())[-1]
     monkeypatch.setenv("CUTE_FA_PTXAS", wheel)
-    assert compiler.ptxas_path() == wheel
+    assert ptxas.ptxas_path() == wheel
 
 
 def test_no_ptxas_anywhere_says_how_to_get_one(no_toolkit, monkeypatch):
-    monkeypatch.setattr(compiler, "_wheel_ptxas", lambda: [])
+    monkeypatch.setattr(ptxas, "wheel_ptxas", lambda: [])
     with pytest.raises(FileNotFoundError, match=r"pip install -e \"\.\[dev\]\"") as err:
-        compiler.ptxas_resources(PTX, "sm_80")
+        ptxas.ptxas_resources(PTX, "sm_80")
     assert "CUTE_FA_PTXAS" in str(err.value)
 
 
 def test_ptx_error_is_reported(no_toolkit):
     with pytest.raises(RuntimeError, match="ptxas .*-arch=sm_80 failed"):
-        compiler.ptxas_resources(PTX.replace("ret;", "bogus;"), "sm_80")
+        ptxas.ptxas_resources(PTX.replace("ret;", "bogus;"), "sm_80")
 
 
 def test_the_suite_does_not_need_path():

@@ -252,17 +252,19 @@ def test_lse_table():
 
 def test_source_table():
     rows = {path: names for _, path, names in wt.source_table()}
-    assert rows["cute_fa/kernels/softmax.py"] == ["quad_allreduce", "OnlineSoftmax.step",
-                                                  "OnlineSoftmax.rescale_O",
-                                                  "OnlineSoftmax.finalize"]
-    assert rows["cute_fa/kernels/mask.py"] == ["apply_mask"]
-    assert rows["cute_fa/kernels/work.py"] == ["SingleTileScheduler", "BlockInfo"]
+    assert rows["cute_fa/kernels/common/softmax.py"] == ["quad_allreduce", "OnlineSoftmax.step",
+                                                         "OnlineSoftmax.rescale_O",
+                                                         "OnlineSoftmax.finalize"]
+    assert rows["cute_fa/kernels/common/mask.py"] == ["apply_mask"]
+    assert rows["cute_fa/kernels/sched/tile_scheduler.py"] == ["SingleTileScheduler"]
+    assert rows["cute_fa/kernels/sched/block_info.py"] == ["BlockInfo"]
     assert rows["cute_fa/visibility.py"] == ["key_visible"]
     assert rows["cute_fa/layouts/mma.py"] == ["tiled_mma", "acc_rowcol_layout", "acc_to_a_layout",
                                               "row_reduce_offsets"]
-    assert rows["cute_fa/kernels/fwd_base.py"] == ["FlashFwdBase._round", "FlashFwdBase._rounds",
-                                                   "FlashFwdBase._epilogue"]
-    assert rows["cute_fa/kernels/fwd_sm80.py"] == ["FlashFwdSm80.kernel", "FlashFwdSm80.before_s",
+    assert rows["cute_fa/kernels/fwd/base.py"] == ["FlashFwdBase.run_round",
+                                                   "FlashFwdBase.run_rounds",
+                                                   "FlashFwdBase.write_epilogue"]
+    assert rows["cute_fa/kernels/fwd/sm80.py"] == ["FlashFwdSm80.kernel", "FlashFwdSm80.before_s",
                                                    "FlashFwdSm80.after_softmax"]
     assert all((ROOT / path).is_file() for path in rows)
 

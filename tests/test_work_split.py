@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from cute_fa.kernels.work import BlockInfo, QueryRows
+from cute_fa.kernels.sched.block_info import BlockInfo
+from cute_fa.kernels.sched.seqlen import QueryRows
 from cute_fa.tuning import (MANY_WAVES, MAX_SPLITS, MIN_BLOCKS_PER_SPLIT, SPLIT_EFFICIENCY,
                             num_splits_heuristic)
 

@@ -1,4 +1,4 @@
-"""Host-side introspection of the backward kernel's layouts (`kernels/bwd_sm80.py`).
+"""Host-side introspection of the backward kernel's layouts (`kernels/bwd/sm80.py`).
 
 `BwdLayouts` traces the builders of `cute_fa.layouts.bwd` once per tile, on the CPU, the way
 `bwd_thread` builds a thread's state, and keeps as arrays what every thread of the CTA holds in
@@ -27,7 +27,7 @@ import functools
 import numpy as np
 
 from ..layouts.config import WARP_SIZE, BwdTileConfig
-from .introspect import _join_and, check_tid, fmt_ranges
+from .introspect import check_tid, fmt_ranges, join_and
 
 PRODUCTS = ("sdp", "dkv", "dq")
 OPERANDS = ("A", "B")
@@ -386,5 +386,5 @@ class BwdLayouts:
             f"  dV, dK accumulators: {len(dv)} floats each, keys "
             f"{fmt_ranges(k for k, _ in dv)} x d {fmt_ranges(d for _, d in dv)}",
             f"  P it reads: {needed} elements, {own} of them its own; the rest stored by "
-            f"{len(others)} other threads: {_join_and(others)}",
+            f"{len(others)} other threads: {join_and(others)}",
         ])

@@ -247,7 +247,9 @@ class FlashLayouts:
     def copy_coords(self, tid: int, tensor: str = "Q") -> list:
         """Every (row, col) of a Q/K/V tile that `tid` copies gmem->smem, ascending.
 
-        Columns from head_dim up to the padded width are zero-filled, not copied.
+        Q's tile is block_m rows, K's and V's block_n rows: the same threads' pattern, so the
+        rows differ where block_m != block_n. Columns from head_dim up to the padded width are
+        zero-filled, not copied.
         """
         if tensor not in ("Q", "K", "V"):
             raise ValueError(f"tensor must be one of 'Q', 'K', 'V', got {tensor!r}")
@@ -428,12 +430,12 @@ class FlashLayouts:
         return rounds
 
     def packed_rows(self, group: int, seqlen_q: int = 1, m_block: int = 0) -> list:
-        """Decode's GQA packing of this tile (`cute_fa.kernels.work.QueryRows`, the object the
+        """Decode's GQA packing of this tile (`cute_fa.kernels.sched.seqlen.QueryRows`, the object the
         kernels use): for each of its block_m rows, a dict with the query and the head offset
         within the group it holds (None for a padding row past the group's seqlen_q * group
         rows), the threads whose S accumulator holds that row (one quad per warp holding it)
         and their warps: one, or every warp where the warps split the keys."""
-        from ..kernels.work import QueryRows
+        from ..kernels.sched.seqlen import QueryRows
 
         if isinstance(group, bool) or not isinstance(group, int) or group < 1:
             raise ValueError(f"group must be a positive int, got {group!r}")
@@ -465,14 +467,14 @@ class FlashLayouts:
         lines = [f"{group} query heads per K/V head, {seqlen_q} "
                  f"quer{'y' if seqlen_q == 1 else 'ies'}: {len(useful)} of "
                  f"{self.config.block_m} rows hold a (query, head) pair, in warp"
-                 f"{'' if len(warps) == 1 else 's'} {_join_and(warps)}"]
+                 f"{'' if len(warps) == 1 else 's'} {join_and(warps)}"]
         for r in useful[:8]:
             lines.append(f"  row {r['row']:3d}: query {r['query']}, head h0+{r['head']}, "
                          f"threads {fmt_ranges(r['threads'])}")
         if len(useful) > 8:
             lines.append(f"  ... {len(useful) - 8} more rows")
         if idle:
-            lines.append(f"  warp{'' if len(idle) == 1 else 's'} {_join_and(idle)}: padding rows "
+            lines.append(f"  warp{'' if len(idle) == 1 else 's'} {join_and(idle)}: padding rows "
                          f"only; {'it reads' if len(idle) == 1 else 'each reads'} all of K and V "
                          f"from shared memory for nothing")
         if self.config.warps_split_keys:
@@ -489,6 +491,16 @@ class FlashLayouts:
                          + ", ".join(place(w) for w in range(c.num_warps)))
         return "\n".join(lines)
 
+    def _copy_summary(self, tid: int, table: str) -> tuple:
+        """(rows, cols, elements) that `tid` copies of one tile ('copy_Q' or 'copy_KV'), as
+        describe_lane prints them. A thread whose chunks all lie in the zero-filled padding
+        past head_dim copies nothing: then (None, those padding cols, 0)."""
+        pairs = self._pairs(table, tid)
+        copy = [p for p in pairs if p[1] < self.config.head_dim]
+        if not copy:
+            return None, fmt_ranges(c for _, c in pairs), 0
+        return fmt_ranges(r for r, _ in copy), fmt_ranges(c for _, c in copy), len(copy)
+
     def describe_lane(self, tid: int) -> str:
         """A human-readable account of what `tid` holds and whom it talks to."""
         tid = self._check_tid(tid)
@@ -497,12 +509,11 @@ class FlashLayouts:
         keys = rows[0][1]
         partners = [t % WARP_SIZE for t in self.quad_partners(tid)]
         o_dims = sorted({d for _, d in self.o_coords(tid) if d < self.config.head_dim})
-        copy = self.copy_coords(tid)
         warp, lane = divmod(tid, WARP_SIZE)
         lines = [
-            f"thread {tid} (warp {warp}, lane {lane}) holds query {_join_and(queries)}, "
-            f"keys {fmt_ranges(keys)}, talks to lanes {_join_and(partners)}",
-            f"  Q@K^T  A (Q):  {len(self.q_coords(tid))} values, queries {_join_and(queries)} x "
+            f"thread {tid} (warp {warp}, lane {lane}) holds query {join_and(queries)}, "
+            f"keys {fmt_ranges(keys)}, talks to lanes {join_and(partners)}",
+            f"  Q@K^T  A (Q):  {len(self.q_coords(tid))} values, queries {join_and(queries)} x "
             f"d {fmt_ranges(d for _, d in self.q_coords(tid))}",
             f"  Q@K^T  B (K):  {len(self.k_coords(tid))} values, keys "
             f"{fmt_ranges(k for k, _ in self.k_coords(tid))} x "
@@ -512,19 +523,25 @@ class FlashLayouts:
             f"  P@V    B (V):  {len(self.v_coords(tid))} values, keys "
             f"{fmt_ranges(k for k, _ in self.v_coords(tid))} x "
             f"d {fmt_ranges(d for _, d in self.v_coords(tid))}",
-            f"  O accumulator: {len(self.o_coords(tid))} floats, queries {_join_and(queries)} x "
+            f"  O accumulator: {len(self.o_coords(tid))} floats, queries {join_and(queries)} x "
             f"d {fmt_ranges(o_dims)}",
-            f"  row max/sum:   shuffles XOR {_join_and(self.reduce_offsets)} "
-            f"with lanes {_join_and(partners)} (threads {self.reduce_group(tid)})",
+            f"  row max/sum:   shuffles XOR {join_and(self.reduce_offsets)} "
+            f"with lanes {join_and(partners)} (threads {self.reduce_group(tid)})",
         ]
-        if copy:
-            lines.append(f"  cp.async:      rows {fmt_ranges(r for r, _ in copy)}, "
-                         f"cols {fmt_ranges(c for _, c in copy)} of every Q/K/V tile "
-                         f"({len(copy)} elements)")
-        else:  # every chunk of this thread lies in the padding past head_dim
-            padded = self._pairs("copy_Q", tid)
-            lines.append(f"  cp.async:      nothing: its cols {fmt_ranges(c for _, c in padded)} "
-                         f"lie past head_dim {self.config.head_dim}, so it zero-fills them")
+        # Q's tile is block_m rows, K's and V's block_n: each its own rows. Where the two
+        # summaries read the same (block_m == block_n), one line is exact for all three.
+        copied = {"Q": self._copy_summary(tid, "copy_Q"),
+                  "K/V": self._copy_summary(tid, "copy_KV")}
+        if copied["Q"] == copied["K/V"]:
+            copied = {"Q/K/V": copied["Q"]}
+        for tile, (copy_rows, copy_cols, n) in copied.items():
+            if copy_rows is None:
+                lines.append(f"  cp.async:      nothing: its cols {copy_cols} of every {tile} "
+                             f"tile lie past head_dim {self.config.head_dim}, so it zero-fills "
+                             f"them")
+            else:
+                lines.append(f"  cp.async:      rows {copy_rows}, cols {copy_cols} of every "
+                             f"{tile} tile ({n} elements)")
         if self.config.warps_split_keys:
             c = self.config
             _, group = c.warp_place(warp)
@@ -535,7 +552,8 @@ class FlashLayouts:
         return "\n".join(lines)
 
 
-def _join_and(values) -> str:
+def join_and(values) -> str:
+    """Ints as prose: [0] -> '0', [0, 8] -> '0 and 8', [0, 8, 64] -> '0, 8 and 64'."""
     values = [str(int(v)) for v in values]
     if len(values) <= 1:
         return "".join(values)

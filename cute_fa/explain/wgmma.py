@@ -1,4 +1,4 @@
-"""Host-side introspection of the Hopper kernel's layouts (`kernels/fwd_sm90.py`).
+"""Host-side introspection of the Hopper kernel's layouts (`kernels/fwd/sm90.py`).
 
 `WgmmaLayouts` traces the builders of `cute_fa.layouts.wgmma` and `cute_fa.layouts.tma` once
 per tile, on the CPU, and keeps what each consumer thread holds as arrays: its S and O
@@ -20,7 +20,7 @@ import numpy as np
 from ..layouts import wgmma
 from ..layouts.config import WARP_SIZE, TileConfig
 from ..layouts.ring import ring_slot
-from .introspect import _join_and, fmt_ranges
+from .introspect import fmt_ranges, join_and
 
 REGISTER_FILE = 65536  # 32-bit registers per SM, all of which one CTA may take
 DESC_UNIT = 16  # a wgmma smem descriptor addresses in 16-byte units (start address >> 4)
@@ -366,12 +366,12 @@ class WgmmaLayouts:
         return "\n".join([
             f"consumer thread {tid} (CTA thread {p['cta_thread']}, consumer warpgroup "
             f"{p['warpgroup']}, warp {p['warp']} of it, lane {p['lane']}): rows "
-            f"{_join_and(queries)}",
+            f"{join_and(queries)}",
             f"  S accumulator: {len(self.s_coords(tid))} floats, keys {fmt_ranges(rows[0][1])}",
             f"  P (A of P V):  8 16-bit values per k-step x {self.k_steps}; k-step 0: "
             + " ".join(str(c) for c in p0),
             f"  O accumulator: {len(self.o_coords(tid))} floats, d {fmt_ranges(o_dims)}",
-            f"  row max/sum:   shuffles XOR {_join_and(self.reduce_offsets)} with lanes "
-            f"{_join_and(t % WARP_SIZE for t in group if t != tid)} (threads "
-            f"{_join_and(group)})",
+            f"  row max/sum:   shuffles XOR {join_and(self.reduce_offsets)} with lanes "
+            f"{join_and(t % WARP_SIZE for t in group if t != tid)} (threads "
+            f"{join_and(group)})",
         ])

@@ -68,7 +68,7 @@ from transformers.masking_utils import flash_attention_mask
 
 import cute_fa
 
-from ..interface import _kernel_ready
+from ..runtime.run import kernel_ready
 from ..layouts.config import check_head_dim
 
 NAME = "cute_fa"
@@ -223,7 +223,7 @@ def _padded_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         rows_q, cols_q = mask_q.nonzero(as_tuple=True)
         max_seqlen_q = int(lengths_q.max())
     out_valid = cute_fa.forward_varlen(
-        _kernel_ready(q[rows_q, cols_q]), _kernel_ready(k), _kernel_ready(v),
+        kernel_ready(q[rows_q, cols_q]), kernel_ready(k), kernel_ready(v),
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **flash_kwargs)
     out = q.new_zeros(q.shape)
     out[rows_q, cols_q] = out_valid
@@ -261,11 +261,11 @@ def cute_fa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         out = _padded_varlen(q, k, v, attention_mask, flash_kwargs)
     elif (packed := _packing(kwargs, query, key)) is not None:
         out = cute_fa.forward_varlen(
-            _kernel_ready(q.reshape(-1, *q.shape[2:])), _kernel_ready(k.reshape(-1, *k.shape[2:])),
-            _kernel_ready(v.reshape(-1, *v.shape[2:])), *packed, **flash_kwargs)
+            kernel_ready(q.reshape(-1, *q.shape[2:])), kernel_ready(k.reshape(-1, *k.shape[2:])),
+            kernel_ready(v.reshape(-1, *v.shape[2:])), *packed, **flash_kwargs)
         out = out.view(batch, seqlen_q, *out.shape[1:])
     else:
-        out = cute_fa.forward(_kernel_ready(q), _kernel_ready(k), _kernel_ready(v),
+        out = cute_fa.forward(kernel_ready(q), kernel_ready(k), kernel_ready(v),
                               **flash_kwargs)
     if v_head_dim != head_dim:
         out = out[..., :v_head_dim]

@@ -130,19 +130,11 @@ def r2s_copy_ps(cfg: BwdTileConfig, mma):
     return cute.make_tiled_copy_C(atom, mma)
 
 
-def dq_accum_blocks(max_seqlen_q: int, block_m: int, ragged_rows: int = 0,
-                    entries: int = 0) -> int:
-    """Query blocks dQaccum holds per head: ceil(seqlen_q / block_m), or for a ragged batch of
-    `entries` sequences over ragged_rows rows, total // block_m + entries (`dq_block`)."""
-    if entries:
-        return ragged_rows // block_m + entries
-    return -(-max_seqlen_q // block_m)
-
-
 def dq_block(m_block, batch, block_m: int, cu_seqlens_q=None):
     """Where query block m_block of entry `batch` sits in dQaccum: m_block, or in a ragged batch
     cu_seqlens_q[batch] // block_m + batch + m_block (each entry's blocks start on a block of
-    their own, past the previous entry's last, partial one)."""
+    their own, past the previous entry's last, partial one; `config.dq_accum_blocks` sizes the
+    buffer by the same rule)."""
     if cu_seqlens_q is None:
         return m_block
     return cu_seqlens_q[batch] // block_m + batch + m_block

@@ -209,7 +209,7 @@ class TileConfig(HeadDimTiling):
 
 @dataclass(frozen=True)
 class BwdTileConfig(HeadDimTiling):
-    """One CTA's tiling of the attention backward pass (`kernels/bwd_sm80.py`).
+    """One CTA's tiling of the attention backward pass (`kernels/bwd/sm80.py`).
 
     A CTA owns block_n keys of one K/V head: K and V stay in shared memory while Q, dO (and
     their LSE and D rows) stream through in block_m-row tiles, q_stages of them in flight.
@@ -297,3 +297,14 @@ class RowTile(HeadDimTiling):
         if self.block_m % self.copy_rows_per_pass:
             raise ValueError(f"block_m must be a multiple of {self.copy_rows_per_pass} rows per "
                              f"copy pass, got {self.block_m}")
+
+
+def dq_accum_blocks(max_seqlen_q: int, block_m: int, ragged_rows: int = 0,
+                    entries: int = 0) -> int:
+    """Query blocks the backward's dQaccum holds per head: ceil(seqlen_q / block_m), or for a
+    ragged batch of `entries` sequences over ragged_rows rows, total // block_m + entries
+    (`bwd.dq_block` places each entry's blocks by the same rule). Here, not in `bwd`, because
+    the host sizes the buffer without the DSL."""
+    if entries:
+        return ragged_rows // block_m + entries
+    return -(-max_seqlen_q // block_m)

@@ -1,5 +1,5 @@
 """The Hopper kernel's MMAs: warpgroup MMA (wgmma) tiles, their accumulator views and the
-warp roles of the warp-specialized kernel (`kernels/fwd_sm90.py`).
+warp roles of the warp-specialized kernel (`kernels/fwd/sm90.py`).
 
 A wgmma is issued by a warpgroup (4 warps, 128 threads) and computes a 64 x N tile: A comes
 from shared memory through a descriptor (S = Q K^T: both operands in smem, "SS") or from

@@ -1,0 +1,85 @@
+"""Autograd for an eager call: a plain `torch.autograd.Function` around the forward and backward
+implementations (`runtime.run`), so that a training step pays no torch.library dispatch on the
+host. torch.compile traces the custom ops of `api.ops` instead, which run the same code."""
+
+from __future__ import annotations
+
+import torch
+
+from ..runtime.call import RAGGED, AttentionCall, BackwardCall
+from ..runtime.device import device
+from ..runtime.plan import plan
+from ..runtime.run import kernel_ready, run_backward, run_forward
+
+
+def backward_call(call: AttentionCall, deterministic: bool) -> BackwardCall:
+    """The backward of a forward call (a ragged one's longest entries size its grids)."""
+    ragged = call.layout == RAGGED
+    return BackwardCall(call.layout, call.dtype, call.head_dim, call.features,
+                        call.softmax_scale, call.causal_offset, deterministic,
+                        call.device_index, call.seqlen_q if ragged else 0,
+                        call.seqlen_k if ragged else 0)
+
+
+def _backward(ctx, dout, cu_seqlens_q=None, cu_seqlens_k=None) -> tuple:
+    """(dq, dk, dv) of a recorded call, whose q, k, v, o, lse the context saved first."""
+    q, k, v, o, lse = ctx.saved_tensors[:5]
+    call = backward_call(ctx.call, ctx.deterministic)
+    return run_backward(call, plan(call, device(call.device_index)), kernel_ready(dout), q, k,
+                        v, o, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+
+
+def _record(ctx, call, deterministic, lse, *saved) -> None:
+    ctx.save_for_backward(*saved)
+    ctx.call, ctx.deterministic = call, deterministic
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # no zeros are made for lse's (unused) gradient
+
+
+class _Attention(torch.autograd.Function):
+    """(o, lse) of a checked dense forward call; lse is not differentiable (as in flash-attn).
+    Its own class, without the ragged batch's offsets: every argument of `apply` costs host
+    time, and a training step makes this call once per layer."""
+
+    @staticmethod
+    def forward(ctx, call, deterministic, q, k, v):
+        o, lse = run_forward(call, plan(call, device(call.device_index)), q, k, v,
+                             return_lse=True)
+        _record(ctx, call, deterministic, lse, q, k, v, o, lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        if dout is None:  # o did not reach the loss
+            return None, None, None, None, None
+        return (None, None) + _backward(ctx, dout)
+
+
+class _RaggedAttention(torch.autograd.Function):
+    """`_Attention` over a ragged batch: the offsets are saved for the backward too."""
+
+    @staticmethod
+    def forward(ctx, call, deterministic, q, k, v, cu_seqlens_q, cu_seqlens_k):
+        o, lse = run_forward(call, plan(call, device(call.device_index)), q, k, v,
+                             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                             return_lse=True)
+        _record(ctx, call, deterministic, lse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        if dout is None:
+            return None, None, None, None, None, None, None
+        cu_q, cu_k = ctx.saved_tensors[5:]
+        return (None, None) + _backward(ctx, dout, cu_q, cu_k) + (None, None)
+
+
+def attention(call: AttentionCall, deterministic: bool, q, k, v, cu_seqlens_q=None,
+              cu_seqlens_k=None) -> tuple:
+    """(o, lse) recorded by autograd; lse None unless the call returns it."""
+    if call.layout == RAGGED:
+        o, lse = _RaggedAttention.apply(call, deterministic, q, k, v, cu_seqlens_q,
+                                        cu_seqlens_k)
+    else:
+        o, lse = _Attention.apply(call, deterministic, q, k, v)
+    return o, (lse if call.return_lse else None)

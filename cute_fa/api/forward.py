@@ -1,0 +1,291 @@
+"""The forward entry points: `forward` (flash-attn's layout), `sdpa` (torch SDPA's),
+`forward_varlen` (a ragged batch packed end to end) and `merge_attention`.
+
+Each checks its whole call first (`api.checks`, the same rules with or without grad), then
+takes one of three routes to the same implementation (`runtime.run`): straight to the kernels
+(an eager call without grad, which never meets the dispatcher), through a plain
+`torch.autograd.Function` (an eager call that autograd must record, `api.autograd`), or
+through the custom ops that torch.compile traces (`api.ops`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, overload
+
+import torch
+
+from ..runtime.call import DENSE, NO_WINDOW, RAGGED, AttentionCall
+from ..runtime.device import device
+from ..runtime.plan import plan
+from ..runtime.run import run_forward, run_merge
+from . import autograd, ops
+from .checks import (SDPA_NAMES, as_bool, as_deterministic, check_forward, check_merge,
+                     check_tensor, decode_call, plain_call, tracing, window_ints)
+
+Backend = Literal["auto", "sm80", "tma", "sm90"]
+
+
+def requires_grad(q, k, v) -> bool:
+    """Autograd must record the call: grad mode is on and an input requires grad."""
+    return torch.is_grad_enabled() and (
+        getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+        or getattr(v, "requires_grad", False))
+
+
+def _refuse_without_backward(call: AttentionCall, out) -> None:
+    """What autograd cannot honour raises (nothing is silently detached)."""
+    if decode_call(call):
+        raise ValueError("seqused_k, page_table and num_splits (a KV cache) have no backward: "
+                         "call forward under torch.no_grad() or without inputs that require "
+                         "grad")
+    if call.layout == RAGGED and not call.ragged_k:
+        raise ValueError("a paged k/v (cu_seqlens_k None) has no backward: call "
+                         "forward_varlen under torch.no_grad() or without inputs that require "
+                         "grad")
+    if out is not None:
+        raise ValueError("out= has no backward: leave it None when q, k or v require grad")
+
+
+def _attend(call: AttentionCall, q, k, v, out, deterministic, original: tuple, *,
+            cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None):
+    """The call, checked, down its route. original: (causal, window_size, softcap,
+    bottom_right) as the caller gave them, which the custom ops take (their eager body checks
+    them again)."""
+    if tracing(q):
+        o, lse = _through_op(call, q, k, v, out, deterministic, original, cu_seqlens_q,
+                             cu_seqlens_k, seqused_k, page_table)
+    elif requires_grad(q, k, v):
+        if out is not None or call.page_size or call.seqused_k or call.num_splits is not None \
+                or (call.layout == RAGGED and not call.ragged_k):
+            _refuse_without_backward(call, out)
+        o, lse = autograd.attention(call, as_deterministic(deterministic), q, k, v,
+                                    cu_seqlens_q, cu_seqlens_k)
+    else:
+        o, lse = run_forward(call, plan(call, device(call.device_index)), q, k, v, out,
+                             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                             seqused_k=seqused_k, page_table=page_table)
+    return (o, lse) if call.return_lse else o
+
+
+def _through_op(call, q, k, v, out, deterministic, original, cu_seqlens_q, cu_seqlens_k,
+                seqused_k, page_table) -> tuple:
+    """While a graph is traced: the custom op `cute_fa::fwd` / `fwd_varlen`, whose output
+    is copied into `out` where one is given (checked above by the eager rules). A KV-cache call
+    runs outside the graph: its plan reads the cache's arguments on the host."""
+    if decode_call(call) or (call.layout == RAGGED and not call.ragged_k):
+        if requires_grad(q, k, v):
+            _refuse_without_backward(call, out)
+        return torch.compiler.disable(run_forward)(
+            call, plan(call, device(call.device_index)), q, k, v, out,
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+            page_table=page_table)
+    if out is not None and requires_grad(q, k, v):
+        _refuse_without_backward(call, out)
+    causal, window_size, softcap, bottom_right = original
+    left, right = window_ints(window_size)
+    scale, det = float(call.softmax_scale), as_deterministic(deterministic)
+    if call.layout == RAGGED:
+        o, lse = ops.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, call.seqlen_q,
+                                call.seqlen_k, bool(causal), scale, left, right,
+                                float(softcap), call.backend, det)
+    else:
+        o, lse = ops.fwd(q, k, v, bool(causal), scale, left, right, float(softcap),
+                         bottom_right, call.backend, det)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return o, lse
+
+
+@overload
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ...,
+            softmax_scale: float | None = ..., return_lse: Literal[False] = ...,
+            out: torch.Tensor | None = ..., backend: Backend = ..., *,
+            window_size: tuple[int, int] = ..., softcap: float = ...,
+            seqused_k: torch.Tensor | None = ..., page_table: torch.Tensor | None = ...,
+            num_splits: int | None = ..., deterministic: bool | None = ...) -> torch.Tensor: ...
+
+
+@overload
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ...,
+            softmax_scale: float | None = ..., *, return_lse: Literal[True],
+            out: torch.Tensor | None = ..., backend: Backend = ...,
+            window_size: tuple[int, int] = ..., softcap: float = ...,
+            seqused_k: torch.Tensor | None = ..., page_table: torch.Tensor | None = ...,
+            num_splits: int | None = ..., deterministic: bool | None = ...
+            ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+            softmax_scale: float | None = None, return_lse: bool = False,
+            out: torch.Tensor | None = None, backend: Backend = "auto", *,
+            window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
+            seqused_k: torch.Tensor | None = None, page_table: torch.Tensor | None = None,
+            num_splits: int | None = None, deterministic: bool | None = None,
+            ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention forward in flash-attn's layout, differentiable.
+
+    q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim),
+    fp16 or bf16, heads_q a multiple of heads_kv (GQA/MQA). causal aligns the
+    bottom-right corner (the last query sees the last key). Returns o, or
+    (o, lse) with lse float32 (batch, heads_q, seqlen_q) in natural log; a query
+    that sees no key gets o = 0 and lse = -inf.
+    backend: 'sm80' (cp.async, any sm80+ GPU), 'tma' (TMA + mbarrier, sm90+), 'sm90'
+    (warp-specialized TMA + wgmma, Hopper only) or 'auto' (the fastest measured for this GPU
+    and call, see cute_fa/tuning.py).
+
+    window_size = (left, right): a sliding window, flash-attn's: query i sees keys
+    i + seqlen_k - seqlen_q - left ... i + seqlen_k - seqlen_q + right, -1 for an unbounded
+    side; with causal=True the window ends at the diagonal (its right side is 0). Key blocks
+    wholly outside the window are skipped, so the cost grows with the window, not seqlen_k.
+    softcap = c > 0: scores s * softmax_scale become c * tanh(s * softmax_scale / c) before
+    the softmax (Gemma 2's logit softcap); 0 for none.
+
+    KV cache (decode), as flash-attn takes it:
+    seqused_k: int32 (batch,), how many keys of each entry are valid (a cache with room to
+    grow); causal is then bottom-right against each entry's own count.
+    page_table: int32 (batch, max_pages_per_seq); k and v are then a paged cache
+    (num_pages, page_size, heads_kv, head_dim), page_size a multiple of 16 up to 1024, and
+    key j of entry b is row j % page_size of page page_table[b, j // page_size]. Without
+    seqused_k an entry has max_pages_per_seq * page_size keys.
+    The values inside seqused_k and page_table are trusted (checking them needs a device
+    sync); set CUTE_FA_CHECK_INDICES=1 to have every call check them.
+    num_splits: how many CTAs share one query block's keys (split-KV, merged by
+    `merge_attention`'s kernel); None picks it (tuning.num_splits_heuristic), 1 never splits.
+    Calls with at most 16 queries per sequence pack the query heads of a GQA group into one
+    tile, so K and V are read once per group.
+
+    Gradients: where q, k or v require grad, the output's grad_fn runs cute_fa's backward
+    kernels (`cute_fa.backward`); lse is returned as a non-differentiable output. deterministic:
+    True makes dq bitwise repeatable (its float32 sums formed in a fixed order, slower), None
+    follows `torch.use_deterministic_algorithms`. The KV-cache arguments and out= have no
+    backward: with inputs that require grad they raise. Under torch.compile the call is the
+    custom op `cute_fa::fwd` (`cute_fa.api.ops`), traced without a graph break.
+    """
+    if deterministic is not None:  # without grad there is nothing to make deterministic
+        as_bool("deterministic", deterministic)
+    call = None
+    if seqused_k is None and page_table is None and num_splits is None and softcap == 0.0 \
+            and type(window_size) is tuple and window_size == NO_WINDOW \
+            and not torch.compiler.is_compiling():  # (it reads addresses, which traces lack)
+        call = plain_call(q, k, v, out, softmax_scale, causal, return_lse, backend)
+    if call is None:
+        call = check_forward(DENSE, q, k, v, out=out, softmax_scale=softmax_scale,
+                             causal=causal, return_lse=return_lse, backend=backend,
+                             window_size=window_size, softcap=softcap, seqused_k=seqused_k,
+                             page_table=page_table, num_splits=num_splits)
+    return _attend(call, q, k, v, out, deterministic, (causal, window_size, softcap, True),
+                   seqused_k=seqused_k, page_table=page_table)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+         scale: float | None = None, backend: Backend = "auto", *,
+         deterministic: bool | None = None) -> torch.Tensor:
+    """Like torch.nn.functional.scaled_dot_product_attention on (batch, heads, seqlen, head_dim).
+
+    Top-left causal, as torch does; same kernel as `forward`, reached through strides, and
+    differentiable as `forward` is.
+    """
+    if deterministic is not None:
+        as_bool("deterministic", deterministic)
+    for name, t in (("q", q), ("k", k), ("v", v)):  # before the transposes below
+        check_tensor(name, t, "(batch, heads, seqlen, head_dim)")
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    call = check_forward(DENSE, qt, kt, vt, softmax_scale=scale, causal=is_causal,
+                         backend=backend, bottom_right=False, names=SDPA_NAMES)
+    out = None
+    if not tracing(q) and not requires_grad(q, k, v):
+        out = torch.empty_like(q).transpose(1, 2)  # o in q's own (batch, heads, ...) order
+    return _attend(call, qt, kt, vt, out, deterministic, (is_causal, NO_WINDOW, 0.0, False)
+                   ).transpose(1, 2)
+
+
+@overload
+def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor | None,
+                   max_seqlen_q: int, max_seqlen_k: int, causal: bool = ...,
+                   softmax_scale: float | None = ..., window_size: tuple[int, int] = ...,
+                   softcap: float = ..., return_lse: Literal[False] = ...,
+                   out: torch.Tensor | None = ..., backend: Backend = ..., *,
+                   seqused_k: torch.Tensor | None = ...,
+                   page_table: torch.Tensor | None = ...,
+                   deterministic: bool | None = ...) -> torch.Tensor: ...
+
+
+@overload
+def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor | None,
+                   max_seqlen_q: int, max_seqlen_k: int, causal: bool = ...,
+                   softmax_scale: float | None = ..., window_size: tuple[int, int] = ...,
+                   softcap: float = ..., *, return_lse: Literal[True],
+                   out: torch.Tensor | None = ..., backend: Backend = ...,
+                   seqused_k: torch.Tensor | None = ...,
+                   page_table: torch.Tensor | None = ...,
+                   deterministic: bool | None = ...) -> tuple[torch.Tensor, torch.Tensor]:
+    ...
+
+
+def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor | None,
+                   max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                   softmax_scale: float | None = None, window_size: tuple[int, int] = NO_WINDOW,
+                   softcap: float = 0.0, return_lse: bool = False,
+                   out: torch.Tensor | None = None, backend: Backend = "auto", *,
+                   seqused_k: torch.Tensor | None = None,
+                   page_table: torch.Tensor | None = None, deterministic: bool | None = None,
+                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention forward over a ragged batch packed end to end (flash-attn's
+    `flash_attn_varlen_func`), in one launch, with no host sync and no copy; differentiable
+    as `forward` is.
+
+    q: (total_q, heads_q, head_dim); k, v: (total_k, heads_kv, head_dim); sequence b's
+    queries are rows cu_seqlens_q[b] ... cu_seqlens_q[b + 1] - 1 of q, its keys rows
+    cu_seqlens_k[b] ... of k and v. cu_seqlens_q/k: int32 (batch + 1,), starting at 0.
+    Sequences may be empty; rows of q past cu_seqlens_q[-1] belong to no sequence, and their
+    rows of o are not written. causal is bottom-right per sequence (its last query sees its
+    last key); window_size, softcap, softmax_scale and backend are `forward`'s. Returns o
+    (total_q, heads_q, head_dim), or (o, lse) with lse float32 (heads_q, total_q).
+
+    max_seqlen_q and max_seqlen_k must be at least the longest query and key sequence: they
+    size the grids (max_seqlen_q the forward's, max_seqlen_k the backward's). Checked for free:
+    each is at most its tensor's rows. Checked under CUTE_FA_CHECK_INDICES=1 (a device sync)
+    against cu_seqlens. Otherwise trusted, and a value too small leaves work undone without
+    an error: query rows past max_seqlen_q in a longer sequence are not written, and keys past
+    max_seqlen_k get no gradient (dk, dv stay 0).
+
+    seqused_k: int32 (batch,), the keys of each sequence actually used (from its first).
+    page_table: int32 (batch, max_pages_per_seq): k and v are then a paged cache (num_pages,
+    page_size, heads_kv, head_dim) as in `forward`; cu_seqlens_k may then be None (each
+    sequence has seqused_k[b] keys, or the page table's capacity).
+    cu_seqlens, seqused_k and page_table values are trusted as well (CUTE_FA_CHECK_INDICES=1
+    checks them). The TMA kernel reads a sequence's last K/V tile whole, into the next
+    sequence's rows (or past cu_seqlens_k[-1]): those keys weigh exactly zero, but rows of k and
+    v below total_k must hold finite values (0 x NaN is NaN).
+    """
+    if deterministic is not None:
+        as_bool("deterministic", deterministic)
+    call = check_forward(RAGGED, q, k, v, out=out, softmax_scale=softmax_scale, causal=causal,
+                         return_lse=return_lse, backend=backend, window_size=window_size,
+                         softcap=softcap, seqused_k=seqused_k, page_table=page_table,
+                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    return _attend(call, q, k, v, out, deterministic, (causal, window_size, softcap, True),
+                   cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
+                   page_table=page_table)
+
+
+def merge_attention(o_parts: torch.Tensor,
+                    lse_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine attention over disjoint key sets into attention over their union.
+
+    o_parts: (parts, batch, seqlen, heads, head_dim), float32, float16 or bfloat16; lse_parts:
+    float32 (parts, batch, heads, seqlen), natural log: part p as `forward(...,
+    return_lse=True)` returns it for its keys. Returns (o, lse): o (batch, seqlen, heads,
+    head_dim) in o_parts' dtype and lse float32 (batch, heads, seqlen), exactly the attention
+    over all the parts' keys (up to rounding). A part with lse = -inf saw no key and counts for
+    nothing; a row whose parts all have -inf gets o = 0 and lse = -inf. What split-KV does
+    internally; also what prefix caching and context-parallel attention need.
+    """
+    call = check_merge(o_parts, lse_parts)
+    return run_merge(plan(call, device(call.device_index)), call.device_index, o_parts,
+                     lse_parts)

@@ -1,0 +1,3 @@
+"""The benchmarks (GPU), run as `python -m cute_fa bench ...`: one module per benchmark (`grid`,
+`prefill`, `decode`, `backward`, `host`), each with `main(out_dir, quick)`, over a shared
+`common` (the one timer, the peers, FLOPs, report helpers, datasheet peaks)."""

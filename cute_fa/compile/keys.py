@@ -1,0 +1,148 @@
+"""Kernel keys: what one compiled kernel depends on, one frozen dataclass per kernel family.
+
+A key is the whole of what `cute.compile` is told about a kernel besides the fake arguments'
+dtypes: the arch it compiles for, its tile and its family's feature fields. Keys are the
+compile cache's index (`compile.cache`), so two calls that get equal keys share one kernel.
+Importing this module needs neither torch nor the DSL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..layouts import TileConfig
+from ..layouts.config import BwdTileConfig, RowTile
+
+
+@dataclass(frozen=True)
+class KernelKey:
+    """What one compiled forward kernel depends on. ctas_per_sm > 0 caps the registers so
+    that this many CTAs fit one SM's register file (ptxas's .minnctapersm); 0 leaves the
+    count to ptxas. causal: the keys have an upper edge (causal_offset, plus window_right
+    where local); local: a sliding window's lower edge (window_left); softcap: scores pass
+    through softcap * tanh(. / softcap); varlen_q / varlen_k: Q (and O, LSE) / K and V are
+    ragged batches packed end to end, entry b's rows starting at cu_seqlens[b]; lpt: causal
+    query blocks start longest first across heads (`kernels.sched.tile_scheduler.SingleTileScheduler`)."""
+
+    arch: str
+    causal: bool
+    tile: TileConfig
+    ctas_per_sm: int = 0
+    lpt: bool = False
+    local: bool = False
+    softcap: bool = False
+    varlen_q: bool = False
+    varlen_k: bool = False
+    backend: ClassVar[str] = ""
+
+
+@dataclass(frozen=True)
+class Sm80Key(KernelKey):
+    """The cp.async kernel (`kernels/fwd/sm80.py`) and its decode features: pack_gqa query heads
+    per K/V head share a tile (1: no packing); split_kv writes float32 partial O and LSE per
+    key split, for `merge_attention`; page_size > 0 reads K/V from a paged cache through a page
+    table; seqused_k takes each batch entry's key count from a tensor. kv_stages 0: one K
+    and one V buffer; >= 2: a ring of that many K/V stages loading whole rounds ahead."""
+
+    kv_stages: int = 0
+    pack_gqa: int = 1
+    split_kv: bool = False
+    page_size: int = 0
+    seqused_k: bool = False
+    backend: ClassVar[str] = "sm80"
+
+    def __post_init__(self):
+        if self.kv_stages == 1 or self.kv_stages < 0:
+            raise ValueError(f"kv_stages must be 0 or at least 2, got {self.kv_stages}")
+        if self.pack_gqa < 1:
+            raise ValueError(f"pack_gqa must be at least 1, got {self.pack_gqa}")
+        if self.lpt and (self.pack_gqa > 1 or self.split_kv):
+            raise ValueError("lpt orders unpacked, unsplit query blocks only")
+        if self.page_size < 0 or self.page_size % 16:
+            raise ValueError(f"page_size must be 0 or a positive multiple of 16, "
+                             f"got {self.page_size}")
+
+
+@dataclass(frozen=True)
+class TmaKey(KernelKey):
+    """The TMA kernel (`kernels/fwd/tma.py`): a ring of kv_stages K/V buffers; lazy_rescale
+    skips O's rescale while the row max has grown little; s_gemm_fine loads K's fragments one
+    k-step ahead (else a whole tile's at once) and s_gemm_python_unrolled traces the
+    S = Q K^T k-loop step by step (else the compiler unrolls it): `tuning` picks whichever
+    ptxas compiles without spills."""
+
+    kv_stages: int = 2
+    lazy_rescale: bool = True
+    s_gemm_fine: bool = True
+    s_gemm_python_unrolled: bool = False
+    backend: ClassVar[str] = "tma"
+
+
+@dataclass(frozen=True)
+class Sm90Key(KernelKey):
+    """The warp-specialized Hopper kernel (`kernels/fwd/sm90.py`): a TMA producer warp filling
+    a ring of kv_stages K/V stages, consumer warpgroups running wgmma (the tile's num_threads
+    counts them; `layouts.wgmma`). intra_wg_overlap: a warpgroup issues S of round j and P V of
+    round j - 1 together and runs the softmax of j under the P V; pingpong: the consumer
+    warpgroups take turns issuing their wgmmas (named barriers), so one's softmax runs under
+    another's GEMMs. tma_store: O leaves through shared memory by one TMA store (ragged
+    batches, whose tiles may run into the next entry's rows, store row by row instead)."""
+
+    kv_stages: int = 2
+    intra_wg_overlap: bool = True
+    pingpong: bool = True
+    tma_store: bool = True
+    backend: ClassVar[str] = "sm90"
+
+
+@dataclass(frozen=True)
+class MergeKey:
+    """The kernel that merges attention over disjoint key sets (`kernels/fwd/merge.py`): split-KV's
+    second step and `cute_fa.merge_attention`."""
+
+    arch: str
+    head_dim: int
+    in_dtype: str  # of the parts' O: float32 (split-KV's partials), float16 or bfloat16
+    out_dtype: str
+    backend: ClassVar[str] = "merge"
+
+
+
+@dataclass(frozen=True)
+class BwdKey(KernelKey):
+    """What one compiled backward kernel (`kernels/bwd/sm80.py`) depends on: the forward's score
+    features (causal, local, softcap, ragged Q/K; `KernelKey`), its tile (`BwdTileConfig`),
+    and deterministic (dQ's float32 sums formed in key-block order, on a counter per query
+    block). lpt has no meaning here: the backward's CTAs own key blocks."""
+
+    tile: BwdTileConfig = None
+    deterministic: bool = False
+    backend: ClassVar[str] = "bwd_sm80"
+
+    def __post_init__(self):
+        if not isinstance(self.tile, BwdTileConfig):
+            raise TypeError(f"tile must be a BwdTileConfig, got {type(self.tile).__name__}")
+        if self.lpt:
+            raise ValueError("lpt orders query blocks; the backward's CTAs own key blocks")
+
+
+@dataclass(frozen=True)
+class BwdPrepKey:
+    """The backward's preprocess (`kernels/bwd/preprocess.py`): D = rowsum(dO * O), LSE in log2
+    units."""
+
+    arch: str
+    tile: RowTile
+    backend: ClassVar[str] = "bwd_pre"
+
+
+@dataclass(frozen=True)
+class BwdPostKey:
+    """The backward's postprocess (`kernels/bwd/postprocess.py`): dQ from its float32 sums, laid
+    out by the main kernel's tile."""
+
+    arch: str
+    tile: BwdTileConfig
+    varlen: bool = False
+    backend: ClassVar[str] = "bwd_post"

@@ -1,0 +1,312 @@
+"""The Hopper forward kernel (sm90): warp-specialized TMA producer + wgmma consumers.
+
+Roles (`layouts.wgmma.WarpRoles`): warpgroup 0 is the producer, its warp 0 issues every TMA
+load (Q once, then K and V of each round into a ring of `kv_stages` stages) and the other
+three warps hand their registers to the consumers (setmaxnreg); warpgroups 1 ... are the
+consumers, each owning 64 query rows of the tile. The producer and the consumers meet only at
+mbarriers (`layouts.ring.PipelineBarriers`): "full" (the bytes have landed) and "empty" (every
+consumer warp has read the stage), per stage, for K and for V.
+
+A consumer warpgroup's round j, with the intra-warpgroup overlap (`intra_wg_overlap`):
+
+    wait K[j] full
+    S_j = Q K_j^T            SS-wgmma, issued, not waited for
+    O  += P_{j-1} V_{j-1}    RS-wgmma (P in registers), issued behind it
+    wait for S_j             (wgmma.wait_group 1: the P V group may still run)
+    K[j] empty
+    softcap, mask, online softmax of S_j        <- overlaps the P V wgmmas
+    wait for P V, V[j-1] empty
+    rescale O, P_j = S_j in 16 bits
+
+so the tensor cores run P_{j-1} V_{j-1} while the warps compute the exponentials of S_j; the
+last round's P V runs after the loop. Without the overlap a round is S, softmax, P V in order.
+With `pingpong`, two (or three) consumer warpgroups take turns issuing their wgmmas, handing
+the turn over on named barriers: while one warpgroup runs its softmax the other's GEMMs own
+the tensor cores. The mask, softcap, softmax, work split and epilogue are the other kernels'
+(`base`, `common.mask`, `common.softmax`, `sched`, `common.epilogue`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from ...compile.keys import Sm90Key
+from ...layouts import ring, smem, tma, wgmma
+from ...layouts._types import cutlass_dtype
+from ..common import epilogue
+from .base import FlashFwdBase, RoundContext
+from ..common.softmax import score_scales
+from ..common.thread_wgmma import ThreadWgmma, gemm, thread_wgmma
+from ..sched.seqlen import SeqlenInfo
+
+# named barriers (0 is the CTA's __syncthreads): the consumers' epilogue, then one turn
+# barrier per consumer warpgroup for the ping-pong
+EPILOGUE_BARRIER = 1
+TURN_BARRIER = 2
+
+
+class FlashFwdSm90(FlashFwdBase):
+    def __init__(self, key: Sm90Key):
+        wgmma.check_tile(key.tile)
+        if key.kv_stages < 2:
+            raise ValueError(f"kv_stages must be at least 2, got {key.kv_stages}")
+        super().__init__(key)
+        self.kv_stages = key.kv_stages
+        self.overlap = key.intra_wg_overlap
+        self.roles = wgmma.warp_roles(key.tile)
+        self.pingpong = key.pingpong and self.roles.consumers > 1
+        # a ragged batch's last tile of an entry would run into the next entry's rows
+        self.tma_store = key.tma_store and not key.varlen_q
+        self.bars = ring.PipelineBarriers(key.kv_stages)
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
+                 mLSE: cute.Tensor, softmax_scale: cutlass.Float32, causal_offset: Optional[cutlass.Int32],
+                 write_lse: cutlass.Int32, window_left: Optional[cutlass.Int32],
+                 window_right: Optional[cutlass.Int32], softcap: Optional[cutlass.Float32],
+                 mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
+                 max_seqlen_q: Optional[cutlass.Int32], stream):
+        """The optional arguments are those the key asks for (`compile.registry`), None
+        elsewhere."""
+        cfg = self.cfg
+        tma_atom_Q, tma_Q = tma.tma_load(cfg, "Q", tma.tma_view(mQ))
+        tma_atom_K, tma_K = tma.tma_load(cfg, "K", tma.tma_view(mK))
+        tma_atom_V, tma_V = tma.tma_load(cfg, "V", tma.tma_view(mV))
+        tma_atom_O, tma_O = None, None
+        if cutlass.const_expr(self.tma_store):
+            tma_atom_O, tma_O = tma.tma_store(cfg, tma.tma_view(mO))
+        sQ_layout = tma.tma_smem_layout(cfg, "Q")
+        sKV_layout = tma.tma_smem_layout(cfg, "K", self.kv_stages)
+        Storage = smem.shared_storage(cfg, self.kv_stages, self.bars.count)
+        scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
+        grid = self._grid(mQ, mCuSeqlensQ, max_seqlen_q)
+        self._launch(self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
+                                 tma_atom_O, tma_O, mO, mLSE, scale_log2, causal_offset,
+                                 write_lse,
+                                 sQ_layout, sKV_layout, Storage, mCuSeqlensQ, mCuSeqlensK,
+                                 window_left, window_right,
+                                 softcap_scale),
+                     grid, Storage, stream, threads=self.roles.threads)
+
+    @cute.kernel
+    def kernel(self, tma_atom_Q: cute.CopyAtom, tma_Q: cute.Tensor, tma_atom_K: cute.CopyAtom,
+               tma_K: cute.Tensor, tma_atom_V: cute.CopyAtom, tma_V: cute.Tensor,
+               tma_atom_O: Optional[cute.CopyAtom], tma_O: Optional[cute.Tensor],
+               mO: cute.Tensor, mLSE: cute.Tensor, scale_log2: cutlass.Float32,
+               causal_offset: Optional[cutlass.Int32], write_lse: cutlass.Int32,
+               sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
+               Storage: cutlass.Constexpr, mCuSeqlensQ: Optional[cute.Tensor],
+               mCuSeqlensK: Optional[cute.Tensor], window_left: Optional[cutlass.Int32],
+               window_right: Optional[cutlass.Int32], softcap_scale: Optional[cutlass.Float32]):
+        cfg = self.cfg
+        bars = self.bars
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tile, seqlen, keys = self._tma_work(tma_Q, tma_K, causal_offset, mCuSeqlensQ,
+                                            mCuSeqlensK, window_left, window_right)
+        n_rounds = self._n_rounds(keys.n_block_max, keys.n_block_min)
+
+        storage = cutlass.memory.SmemAllocator().allocate(Storage)
+        mbar = storage.mbar.data_ptr()
+        if warp == 0:
+            with cute.arch.elect_one():
+                for i in cutlass.range_constexpr(bars.k_empty):  # Q, K and V full
+                    cute.arch.mbarrier_init(mbar + i, 1)
+                for i in cutlass.range_constexpr(bars.k_empty, bars.count):  # empties
+                    cute.arch.mbarrier_init(mbar + i, self.roles.consumer_threads // 32)
+                cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+
+        if warp < 4:
+            cute.arch.setmaxregister_decrease(self.roles.producer_regs)
+            if warp == 0:
+                self._produce(storage, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
+                              tile, seqlen, keys.n_block_max, n_rounds)
+        else:
+            cute.arch.setmaxregister_increase(self.roles.consumer_regs)
+            # the wgmma operands: the TMA tiles, the swizzle carried by the pointer, which is
+            # how the DSL builds wgmma descriptors
+            sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+            sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+            ctidx = tidx - wgmma.WARPGROUP_THREADS
+            thr = thread_wgmma(cfg, ctidx, sQ, sK, wgmma.transposed_v(sV), scale_log2)
+            ctx = self._context(thr, tile.m_block, seqlen, keys, None,
+                                softcap_scale=softcap_scale)
+            # Q has landed before anyone reads it, and before the epilogue reuses its bytes
+            # for O (a tile that visits no key block runs no round)
+            cute.arch.mbarrier_wait(mbar + bars.q, 0)
+            if n_rounds > 0:
+                self._mainloop(ctx, thr, mbar, n_rounds, ctidx)
+            if cutlass.const_expr(self.tma_store):
+                self._store_tma(thr, storage, sQ, tma_atom_O, tma_O, mLSE, tile, seqlen,
+                                ctx.mask_at.query0, write_lse, ctidx)
+            else:
+                # sO is sQ's bytes, addressed with the store's (element-swizzled) layout
+                sO = storage.sQ.get_tensor(smem.smem_layout_q(cfg))
+                epilogue.write_outputs(cfg, thr, sO, mO, mLSE, tile.batch, tile.head,
+                                       tile.m_block, seqlen, ctx.mask_at.query0, write_lse,
+                                       ctidx, sync=self._consumer_sync)
+
+    @cute.jit
+    def _store_tma(self, thr: ThreadWgmma, storage, sQ, tma_atom_O, tma_O, mLSE, tile,
+                   seqlen: SeqlenInfo, query0, write_lse, ctidx):
+        """The epilogue of a dense call: normalise O, stmatrix it into sQ's bytes (the TMA
+        layout), and one warp stores the tile with one TMA command, which leaves out the rows
+        past seqlen_q and the columns past head_dim; then LSE, one lane per row."""
+        cfg = self.cfg
+        lse = epilogue.finalize(thr)
+        dtype = cutlass_dtype(cfg.dtype)
+        rO = cute.make_fragment_like(thr.acc_O, dtype)
+        rO.store(thr.acc_O.load().to(dtype))
+        self._consumer_sync()  # every consumer's wgmmas are done reading Q
+        r2s = wgmma.smem_tiled_copy_o(cfg, thr.tiled_mma)
+        thr_r2s = r2s.get_slice(ctidx)
+        cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sQ))
+        cute.arch.fence_view_async_shared()  # the generic-proxy writes, visible to TMA
+        self._consumer_sync()
+        if ctidx < 32:
+            sO_tma = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q"))
+            gO = cute.local_tile(self._entry_coords(tma_O, tile.batch, tile.head, None),
+                                 (cfg.block_m, cfg.head_dim_padded), (tile.m_block, 0))
+            tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
+                                               cute.group_modes(sO_tma, 0, 2),
+                                               cute.group_modes(gO, 0, 2))
+            cute.copy(tma_atom_O, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem stays until read
+        epilogue.store_rows_LSE(thr, lse, mLSE, tile.batch, tile.head, seqlen, query0,
+                                write_lse, ctidx)
+
+    def _consumer_sync(self):
+        cute.arch.barrier(barrier_id=EPILOGUE_BARRIER,
+                          number_of_threads=self.roles.consumer_threads)
+
+    @cute.jit
+    def _produce(self, storage, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tile,
+                 seqlen: SeqlenInfo, n_block_max, n_rounds):
+        """Warp 0: Q, then K and V of every round, each stage refilled once its consumers have
+        released it. The copies elect their own lane; the mbarrier set-up sits under
+        elect_one."""
+        cfg, bars, stages = self.cfg, self.bars, self.kv_stages
+        mbar = storage.mbar.data_ptr()
+        tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self._tma_partitions(
+            storage, stages, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tile,
+            seqlen)
+        q_bytes, kv_bytes = tma.tma_box(cfg, "Q").tile_bytes, tma.tma_box(cfg, "K").tile_bytes
+        with cute.arch.elect_one():
+            cpasync.prefetch_descriptor(tma_atom_Q)
+            cpasync.prefetch_descriptor(tma_atom_K)
+            cpasync.prefetch_descriptor(tma_atom_V)
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar + bars.q, q_bytes)
+        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=mbar + bars.q)
+        for i in range(0, n_rounds, 1):
+            n_block = n_block_max - 1 - i
+            stage, phase = ring.ring_slot(i, stages)
+            for atom, src, dst, full, empty in (
+                    (tma_atom_K, tKgK, tKsK, bars.k_full, bars.k_empty),
+                    (tma_atom_V, tVgV, tVsV, bars.v_full, bars.v_empty)):  # unrolled while traced
+                if i >= stages:  # the consumers of round i - stages have released the stage
+                    cute.arch.mbarrier_wait(mbar + empty + stage, 1 - phase)
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar + full + stage, kv_bytes)
+                cute.copy(atom, src[None, n_block], dst[None, stage],
+                          tma_bar_ptr=mbar + full + stage)
+
+    # ---- the consumers ----
+
+    @cute.jit
+    def _release(self, bar):
+        """One arrival per consumer warp on an "empty" barrier, once its wgmmas have read."""
+        if cute.arch.lane_idx() == 0:
+            cute.arch.mbarrier_arrive(bar)
+
+    def _turn_wait(self, wg):
+        """Ping-pong: wait until it is warpgroup wg's turn to issue its wgmmas."""
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=TURN_BARRIER + wg,
+                              number_of_threads=2 * wgmma.WARPGROUP_THREADS)
+
+    def _turn_pass(self, wg):
+        """Ping-pong: hand the turn to the next warpgroup."""
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier_arrive(
+                barrier_id=TURN_BARRIER + (wg + 1) % self.roles.consumers,
+                number_of_threads=2 * wgmma.WARPGROUP_THREADS)
+
+    def _issue_s(self, thr: ThreadWgmma, mbar, slot, wg):
+        """S = Q K^T of the round in ring slot (stage, phase), issued once its K has landed and
+        it is this warpgroup's turn, not waited for; returns the accumulator."""
+        stage, phase = slot
+        cute.arch.mbarrier_wait(mbar + self.bars.k_full + stage, phase)
+        acc_S = cute.make_rmem_tensor(
+            thr.tiled_mma_qk.partition_shape_C((self.cfg.block_m, self.cfg.block_n)),
+            cutlass.Float32)
+        self._turn_wait(wg)
+        gemm(thr.tiled_mma_qk, acc_S, thr.tSrQ, thr.tSrK[None, None, None, stage], True)
+        return acc_S
+
+    def _issue_pv(self, thr: ThreadWgmma, mbar, tOrP, slot):
+        """O += P V of the round in ring slot (stage, phase), issued once its V has landed, not
+        waited for."""
+        stage, phase = slot
+        cute.arch.mbarrier_wait(mbar + self.bars.v_full + stage, phase)
+        gemm(thr.tiled_mma, thr.acc_O, tOrP, thr.tOrVt[None, None, None, stage], False)
+
+    @cute.jit
+    def _mainloop(self, ctx: RoundContext, thr: ThreadWgmma, mbar, n_rounds, ctidx):
+        cfg, bars, stages = self.cfg, self.bars, self.kv_stages
+        wg = cute.arch.make_warp_uniform(ctidx // wgmma.WARPGROUP_THREADS)
+        dtype = cutlass_dtype(cfg.dtype)
+        shape_S = thr.tiled_mma_qk.partition_shape_C((cfg.block_m, cfg.block_n))
+        rP = cute.make_rmem_tensor(shape_S, dtype)
+        tOrP = cute.make_tensor(rP.iterator, wgmma.acc_to_a_layout(rP.layout))
+        if cutlass.const_expr(self.pingpong):
+            if wg == 0:  # the first turn is warpgroup 0's
+                cute.arch.barrier_arrive(barrier_id=TURN_BARRIER,
+                                         number_of_threads=2 * wgmma.WARPGROUP_THREADS)
+        if cutlass.const_expr(self.overlap):
+            # round 0: S only; its P V runs in round 1
+            slot = ring.ring_slot(0, stages)
+            acc_S = self._issue_s(thr, mbar, slot, wg)
+            self._turn_pass(wg)
+            warpgroup.wait_group(0)
+            self._release(mbar + bars.k_empty + slot[0])
+            self._scores(ctx, acc_S, wgmma.acc_rowcol_layout, ctx.n_block_max - 1, True)
+            rP.store(acc_S.load().to(dtype))
+            for i in range(1, n_rounds, 1):
+                slot, prev = ring.ring_slot(i, stages), ring.ring_slot(i - 1, stages)
+                acc_S = self._issue_s(thr, mbar, slot, wg)
+                self._issue_pv(thr, mbar, tOrP, prev)
+                self._turn_pass(wg)
+                warpgroup.wait_group(1)
+                self._release(mbar + bars.k_empty + slot[0])
+                scale = self._scores(ctx, acc_S, wgmma.acc_rowcol_layout,
+                                     ctx.n_block_max - 1 - i, self._masked_round(ctx, i))
+                warpgroup.wait_group(0)
+                self._release(mbar + bars.v_empty + prev[0])
+                thr.softmax.rescale_O(thr.acc_O_mn, scale)
+                rP.store(acc_S.load().to(dtype))
+            last = ring.ring_slot(n_rounds - 1, stages)
+            self._issue_pv(thr, mbar, tOrP, last)
+            warpgroup.wait_group(0)
+            self._release(mbar + bars.v_empty + last[0])
+        else:
+            for i in range(0, n_rounds, 1):
+                slot = ring.ring_slot(i, stages)
+                acc_S = self._issue_s(thr, mbar, slot, wg)
+                self._turn_pass(wg)
+                warpgroup.wait_group(0)
+                self._release(mbar + bars.k_empty + slot[0])
+                scale = self._scores(ctx, acc_S, wgmma.acc_rowcol_layout,
+                                     ctx.n_block_max - 1 - i, self._masked_round(ctx, i))
+                thr.softmax.rescale_O(thr.acc_O_mn, scale)
+                rP.store(acc_S.load().to(dtype))
+                self._issue_pv(thr, mbar, tOrP, slot)
+                warpgroup.wait_group(0)
+                self._release(mbar + bars.v_empty + slot[0])

@@ -1,0 +1,85 @@
+"""Typed launch arguments, one record per kernel family, its fields the family's arguments in
+`compile.registry`'s order (a test holds the two to each other). A call fills in what it has;
+`for_kernel` hands a compiled kernel exactly the arguments its key takes, None for the others,
+as the kernel was compiled (`compile.fake`)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class ForwardArgs(NamedTuple):
+    """The forward kernels' (sm80's; the TMA and wgmma kernels take the first 14)."""
+
+    q: object
+    k: object
+    v: object
+    out: object
+    lse: object
+    softmax_scale: float
+    causal_offset: int
+    write_lse: int
+    window_left: int | None = None
+    window_right: int | None = None
+    softcap: float | None = None
+    cu_seqlens_q: object = None
+    cu_seqlens_k: object = None
+    max_seqlen_q: int | None = None
+    seqused_k: object = None
+    page_table: object = None
+    num_splits: int | None = None
+
+
+class MergeArgs(NamedTuple):
+    o_parts: object
+    lse_parts: object
+    out: object
+    lse: object
+    write_lse: int
+
+
+class BwdPrepArgs(NamedTuple):
+    out: object
+    dout: object
+    lse: object
+    lse_log2: object
+    dpsum: object
+
+
+class BwdArgs(NamedTuple):
+    q: object
+    k: object
+    v: object
+    dout: object
+    lse_log2: object
+    dpsum: object
+    dq_accum: object
+    dk: object
+    dv: object
+    softmax_scale: float
+    causal_offset: int
+    window_left: int | None = None
+    window_right: int | None = None
+    softcap: float | None = None
+    cu_seqlens_q: object = None
+    cu_seqlens_k: object = None
+    max_seqlen_k: int | None = None
+    semaphore: object = None
+
+
+class BwdPostArgs(NamedTuple):
+    dq_accum: object
+    dq: object
+    softmax_scale: float
+    cu_seqlens_q: object = None
+    max_seqlen_q: int | None = None
+
+
+RECORDS = {"sm80": ForwardArgs, "tma": ForwardArgs, "sm90": ForwardArgs, "merge": MergeArgs,
+           "bwd_pre": BwdPrepArgs, "bwd_sm80": BwdArgs, "bwd_post": BwdPostArgs}
+
+
+def for_kernel(args: tuple, used: tuple) -> tuple:
+    """`args` as a kernel whose key takes the arguments flagged in `used` is called: each used
+    one as given, None for the others (and nothing past the kernel's last argument)."""
+    return tuple([a if u else None for a, u in zip(args, used)])

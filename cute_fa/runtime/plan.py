@@ -1,0 +1,264 @@
+"""`plan(call, device)`: the one place that decides which kernels a call runs.
+
+For a forward call: the kernel key (prefill or decode, `tuning`'s tables), the split-KV count and
+the merge; for a backward call: its three kernels; for a merge: the merge kernel. Everything a
+call's route depends on is in its `runtime.call` record and the device's facts, so plans are
+cached by those and a warm call costs dict lookups. `forward`, `backward`, decode, `precompile`
+and the benchmarks' A/B variants all plan through here; `tiles_of` and `overriding` are the two
+ways to ask for another plan than the tables' (another arch's tables; other key fields).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import NamedTuple
+
+import torch
+
+from ..arch import Arch
+from ..compile.cache import get_kernel
+from ..compile.keys import KernelKey, MergeKey
+from ..compile.registry import used_arguments
+from ..tuning import (DECODE_MAX_SEQLEN_Q, PREFILL_ONLY, auto_short_causal, bwd_keys,
+                      decode_ctas_per_sm, decode_key, decode_rows_class, is_small_grid,
+                      kernel_key, num_splits_heuristic)
+from .call import RAGGED, AttentionCall, BackwardCall, MergeCall
+from .device import Device
+
+DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
+class ForwardPlan(NamedTuple):
+    """key: the kernel that runs (with splits: the split kernel, writing float32 partials);
+    kernel: its compiled function (None when planned with compile=False); used: which of its
+    backend's arguments it takes (`compile.registry.used_arguments`); num_splits: 1 for an
+    unsplit call, else the merge's key and compiled function."""
+
+    key: KernelKey
+    kernel: object
+    used: tuple
+    num_splits: int = 1
+    merge_key: MergeKey | None = None
+    merge: object = None
+
+    def kernel_keys(self) -> tuple:
+        return (self.key,) if self.merge_key is None else (self.key, self.merge_key)
+
+
+class BackwardPlan(NamedTuple):
+    """The preprocess, main and postprocess kernels (keys, compiled functions, arguments
+    taken) and the main kernel's tile, which sizes dq's float32 sums."""
+
+    keys: tuple
+    kernels: tuple
+    used: tuple
+    tile: object
+
+    def kernel_keys(self) -> tuple:
+        return self.keys
+
+
+class MergePlan(NamedTuple):
+    key: MergeKey
+    kernel: object
+
+    def kernel_keys(self) -> tuple:
+        return (self.key,)
+
+
+class Overrides(NamedTuple):
+    """tile_arch: the arch whose tables choose tiles, stages and backends (None: the
+    device's); changes: key fields replaced in every forward kernel key planned."""
+
+    tile_arch: str | None = None
+    changes: tuple = ()
+
+
+_OVERRIDES = [Overrides()]
+
+
+@contextlib.contextmanager
+def tiles_of(arch: str | None):
+    """Within the block, calls choose tiles, stages and backends from `arch`'s tables (e.g.
+    'sm_120a', 'sm_86') instead of the GPU's own: the way to run, on the GPU at hand, what a GPU
+    of that arch runs (compiled for the GPU at hand). None: the GPU's own tables."""
+    previous = _OVERRIDES[0]
+    _OVERRIDES[0] = previous._replace(tile_arch=None if arch is None else Arch.parse(arch).name)
+    try:
+        yield _OVERRIDES[0].tile_arch
+    finally:
+        _OVERRIDES[0] = previous
+
+
+@contextlib.contextmanager
+def overriding(**changes):
+    """Within the block, every forward kernel key planned has these fields replaced (e.g.
+    `tile=TileConfig(...)`, `lpt=False`, `lazy_rescale=False`): the benchmarks' A/B variants,
+    run through the public API. A field the planned key does not have raises a TypeError at the
+    call."""
+    previous = _OVERRIDES[0]
+    _OVERRIDES[0] = previous._replace(changes=tuple(sorted(changes.items())))
+    try:
+        yield
+    finally:
+        _OVERRIDES[0] = previous
+
+
+def tile_arch() -> str | None:
+    """The arch `tiles_of` forces now, or None."""
+    return _OVERRIDES[0].tile_arch
+
+
+# one cache per kind of plan, each by the call's route
+_FORWARD: dict = {}  # prefill -> ForwardPlan
+_DECODE: dict = {}  # decode -> (base key, CTAs per SM, {num_splits: ForwardPlan})
+_BACKWARD: dict = {}  # -> BackwardPlan
+_MERGE: dict = {}  # -> MergePlan
+
+
+def clear_plans() -> None:
+    """Forget every plan made (the next calls plan again; compiled kernels stay cached)."""
+    for cache in (_FORWARD, _DECODE, _BACKWARD, _MERGE):
+        cache.clear()
+
+
+def plan(call, device: Device, *, compile: bool = True):
+    """The kernels `call` (an `AttentionCall`, `BackwardCall` or `MergeCall`) runs on
+    `device`. compile=False plans without compiling (the plan's kernels are then None), for
+    listing what a call would run."""
+    kind = type(call)
+    if kind is AttentionCall:
+        return _forward(call, device, compile)
+    if kind is BackwardCall:
+        return _backward(call, device, compile)
+    if kind is MergeCall:
+        return _merge(call, device, compile)
+    raise TypeError(f"plan takes an AttentionCall, BackwardCall or MergeCall, "
+                    f"got {kind.__name__}")
+
+
+def is_decode(call: AttentionCall) -> bool:
+    """Whether a forward call runs on the cp.async kernel's decode path: a KV cache, split-KV,
+    or (dense, on a backend that has decode) at most DECODE_MAX_SEQLEN_Q queries."""
+    return bool(call.page_size or call.seqused_k or (call.num_splits or 1) > 1
+                or (call.layout != RAGGED and call.seqlen_q <= DECODE_MAX_SEQLEN_Q
+                    and call.backend not in PREFILL_ONLY))
+
+
+def _compiled(key, compile: bool):
+    return get_kernel(key) if compile else None
+
+
+def _changed(key, changes: tuple):
+    if not changes:
+        return key
+    fields = {f.name for f in dataclasses.fields(key)}
+    unknown = [name for name, _ in changes if name not in fields]
+    if unknown:
+        raise TypeError(f"overriding({', '.join(unknown)}=...): a {type(key).__name__} has no "
+                        f"such field")
+    return dataclasses.replace(key, **dict(changes))
+
+
+def _forward(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
+    if is_decode(call):
+        return _decode(call, device, compile)
+    over = _OVERRIDES[0]
+    f = call.features
+    tiles = over.tile_arch or device.arch
+    # what the route depends on besides the call's class: whether a causal grid fills the SMs
+    # once, whether 'auto' takes the short-causal kernel (tuning.auto_short_causal)
+    small = f.causal and call.layout != RAGGED and is_small_grid(
+        call.seqlen_q, call.heads_q, call.batch, device.num_sms)
+    short = call.backend == "auto" and auto_short_causal(tiles, call.head_dim, f.causal,
+                                                         call.seqlen_q)
+    route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
+             f.softcap > 0, call.layout, call.backend, small, short, over, compile)
+    found = _FORWARD.get(route)
+    if found is None:
+        key = kernel_key(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
+                         call.backend, tile_arch=over.tile_arch, local=f.local,
+                         softcap=f.softcap > 0, varlen=call.layout == RAGGED, small_grid=small,
+                         seqlen_q=call.seqlen_q)
+        key = _changed(key, over.changes)
+        found = _FORWARD[route] = ForwardPlan(key, _compiled(key, compile), used_arguments(key))
+    return found
+
+
+def _decode(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
+    over = _OVERRIDES[0]
+    f = call.features
+    group = call.heads_q // call.heads_kv
+    ragged_q = call.layout == RAGGED
+    # what decode_key reads of seqlen_q: whether the call is short, and which decode tile its
+    # packed rows take
+    route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
+             f.softcap > 0, ragged_q, call.ragged_k, call.seqlen_q <= DECODE_MAX_SEQLEN_Q,
+             decode_rows_class(call.head_dim, call.seqlen_q * group), group, call.page_size,
+             call.seqused_k, over, compile)
+    held = _DECODE.get(route)
+    if held is None:
+        key = decode_key(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
+                         seqlen_q=call.seqlen_q, group=group, page_size=call.page_size,
+                         seqused_k=call.seqused_k, split_kv=False, tile_arch=over.tile_arch,
+                         local=f.local, softcap=f.softcap > 0, varlen_q=ragged_q,
+                         varlen_k=call.ragged_k)
+        key = _changed(key, over.changes)
+        held = _DECODE[route] = (key, decode_ctas_per_sm(key, over.tile_arch or device.arch), {})
+    base, ctas_per_sm, plans = held
+    num_splits = call.num_splits
+    if num_splits is None:
+        num_splits = 1 if call.seqlen_q > DECODE_MAX_SEQLEN_Q or ragged_q else _splits(
+            call, base, device, ctas_per_sm)
+    found = plans.get(num_splits)
+    if found is None:
+        if num_splits == 1:
+            found = ForwardPlan(base, _compiled(base, compile), used_arguments(base))
+        else:
+            key = dataclasses.replace(base, split_kv=True, lpt=False)
+            merge = MergeKey(device.arch, call.head_dim, "float32", DTYPE_NAMES[call.dtype])
+            found = ForwardPlan(key, _compiled(key, compile), used_arguments(key), num_splits,
+                                merge, _compiled(merge, compile))
+        plans[num_splits] = found
+    return found
+
+
+def _splits(call: AttentionCall, key, device: Device, ctas_per_sm: int) -> int:
+    """`tuning.num_splits_heuristic` for this call: its CTAs without splitting, and the key
+    blocks its queries see (a window's keys, where it has one)."""
+    cfg = key.tile
+    m_blocks = -(-call.seqlen_q * key.pack_gqa // cfg.block_m)
+    heads = call.heads_kv if key.pack_gqa > 1 else call.heads_q
+    keys = call.seqlen_k
+    if call.features.local:
+        f = call.features
+        keys = min(keys, f.window_left + call.seqlen_q + f.window_right)
+    return num_splits_heuristic(m_blocks * heads * call.batch, -(-keys // cfg.block_n),
+                                device.num_sms, ctas_per_sm)
+
+
+def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan:
+    over = _OVERRIDES[0]
+    f = call.features
+    route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
+             f.softcap > 0, call.layout, call.deterministic, over.tile_arch, compile)
+    found = _BACKWARD.get(route)
+    if found is None:
+        keys = bwd_keys(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
+                        local=f.local, softcap=f.softcap > 0, varlen=call.layout == RAGGED,
+                        deterministic=call.deterministic, tile_arch=over.tile_arch)
+        found = _BACKWARD[route] = BackwardPlan(
+            keys, tuple(_compiled(k, compile) for k in keys),
+            tuple(used_arguments(k) for k in keys), keys[1].tile)
+    return found
+
+
+def _merge(call: MergeCall, device: Device, compile: bool) -> MergePlan:
+    route = (device.index, device.arch, call.in_dtype, call.out_dtype, call.head_dim, compile)
+    found = _MERGE.get(route)
+    if found is None:
+        key = MergeKey(device.arch, call.head_dim, DTYPE_NAMES[call.in_dtype],
+                       DTYPE_NAMES[call.out_dtype])
+        found = _MERGE[route] = MergePlan(key, _compiled(key, compile))
+    return found
