@@ -5,10 +5,11 @@ gets a TypeError/ValueError naming the argument before any launch, and a user's 
 untouched. `check_forward` covers the dense and the ragged layout (and a paged K/V cache in
 either) and returns the frozen `runtime.call.AttentionCall` the plan decides from.
 
-While a call is traced (torch.compile, export, make_fx), the tensors are fakes: the rules run on their shapes,
-dtypes and strides (alignment read from the storage offset), and the rules that need the
-memory itself (a CUDA device, CUTE_FA_CHECK_INDICES' values) run when the graph runs, in the
-custom op's body, which checks its call again.
+While a call is traced (torch.compile, export, make_fx), the tensors are fakes: the rules run on
+their shapes, dtypes and strides (make_fx's fakes' alignment read from their storage offset), and
+the rules that need the memory itself (a CUDA device, addresses under torch.compile,
+CUTE_FA_CHECK_INDICES' values) run when the graph runs, in the custom op's body, which checks its
+call again.
 """
 
 from __future__ import annotations

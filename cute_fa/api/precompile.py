@@ -146,9 +146,9 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
     postprocess) of each (head_dim, dtype, causal) and feature combination above; the
     deterministic mode's are compiled on first use.
 
-    progress: called with a `Step` per kernel as it is compiled or found in the cache (its str
-    is a line; the CLI prints them). Every argument is checked before anything compiles. Returns the kernel
-    keys, in the order they were compiled."""
+    progress: called with a `Step` per kernel as it is compiled or found in the cache (its str is a
+    line; the CLI prints them). Every argument is checked before anything compiles. Returns the
+    kernel keys, in the order they were compiled."""
     head_dims = tuple(check_head_dim("head_dims", h)
                       for h in _as_tuple("head_dims", head_dims, (int,), "an int"))
     dtypes = tuple(_dtype(d) for d in _as_tuple("dtypes", dtypes, (str, torch.dtype),

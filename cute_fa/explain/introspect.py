@@ -430,11 +430,11 @@ class FlashLayouts:
         return rounds
 
     def packed_rows(self, group: int, seqlen_q: int = 1, m_block: int = 0) -> list:
-        """Decode's GQA packing of this tile (`cute_fa.kernels.sched.seqlen.QueryRows`, the object the
-        kernels use): for each of its block_m rows, a dict with the query and the head offset
-        within the group it holds (None for a padding row past the group's seqlen_q * group
-        rows), the threads whose S accumulator holds that row (one quad per warp holding it)
-        and their warps: one, or every warp where the warps split the keys."""
+        """Decode's GQA packing of this tile (`cute_fa.kernels.sched.seqlen.QueryRows`, the object
+        the kernels use): for each of its block_m rows, a dict with the query and the head offset
+        within the group it holds (None for a padding row past the group's seqlen_q * group rows),
+        the threads whose S accumulator holds that row (one quad per warp holding it) and their
+        warps: one, or every warp where the warps split the keys."""
         from ..kernels.sched.seqlen import QueryRows
 
         if isinstance(group, bool) or not isinstance(group, int) or group < 1:
