@@ -6,25 +6,16 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime.call import RAGGED, AttentionCall, BackwardCall
+from ..runtime.call import RAGGED, AttentionCall, backward_of
 from ..runtime.device import device
 from ..runtime.plan import plan
 from ..runtime.run import kernel_ready, run_backward, run_forward
 
 
-def backward_call(call: AttentionCall, deterministic: bool) -> BackwardCall:
-    """The backward of a forward call (a ragged one's longest entries size its grids)."""
-    ragged = call.layout == RAGGED
-    return BackwardCall(call.layout, call.dtype, call.head_dim, call.features,
-                        call.softmax_scale, call.causal_offset, deterministic,
-                        call.device_index, call.seqlen_q if ragged else 0,
-                        call.seqlen_k if ragged else 0)
-
-
 def _backward(ctx, dout, cu_seqlens_q=None, cu_seqlens_k=None) -> tuple:
     """(dq, dk, dv) of a recorded call, whose q, k, v, o, lse the context saved first."""
     q, k, v, o, lse = ctx.saved_tensors[:5]
-    call = backward_call(ctx.call, ctx.deterministic)
+    call = backward_of(ctx.call, ctx.deterministic)
     return run_backward(call, plan(call, device(call.device_index)), kernel_ready(dout), q, k,
                         v, o, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
 

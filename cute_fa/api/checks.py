@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..layouts.config import check_head_dim
 from ..runtime.call import (DENSE, FAR_LEFT, NO_WINDOW, PLAIN, RAGGED, AttentionCall,
-                            BackwardCall, MergeCall, ScoreFeatures)
+                            BackwardCall, MergeCall, ScoreFeatures, backward_of)
 from ..tuning import (BACKENDS, MAX_PAGE_SIZE, MAX_SEQLEN_Q, MAX_SPLITS, PREFILL_ONLY,
                       check_backend, supported_page_size)
 
@@ -524,9 +524,7 @@ def check_backward(layout: str, dout, q, k, v, out, lse, *, causal=False, softma
     for name, t, _, like in grads:
         check_layout(name, t)
     check_devices([(name, t) for name, t, _, _ in grads] + [("lse", lse)], fwd.device_index)
-    return BackwardCall(layout, fwd.dtype, fwd.head_dim, fwd.features, fwd.softmax_scale,
-                        fwd.causal_offset, as_deterministic(deterministic), fwd.device_index,
-                        fwd.seqlen_q if ragged else 0, fwd.seqlen_k if ragged else 0)
+    return backward_of(fwd, as_deterministic(deterministic))
 
 
 def check_merge(o_parts, lse_parts) -> MergeCall:

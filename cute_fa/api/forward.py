@@ -33,15 +33,11 @@ def requires_grad(q, k, v) -> bool:
 
 
 def _refuse_without_backward(call: AttentionCall, out) -> None:
-    """What autograd cannot honour raises (nothing is silently detached)."""
+    """What autograd cannot honour raises (nothing is silently detached). A ragged call without
+    cu_seqlens_k is a paged one (`check_forward`), so a KV-cache call."""
     if decode_call(call):
         raise ValueError("seqused_k, page_table and num_splits (a KV cache) have no backward: "
-                         "call forward under torch.no_grad() or without inputs that require "
-                         "grad")
-    if call.layout == RAGGED and not call.ragged_k:
-        raise ValueError("a paged k/v (cu_seqlens_k None) has no backward: call "
-                         "forward_varlen under torch.no_grad() or without inputs that require "
-                         "grad")
+                         "call it under torch.no_grad() or without inputs that require grad")
     if out is not None:
         raise ValueError("out= has no backward: leave it None when q, k or v require grad")
 
@@ -55,9 +51,7 @@ def _attend(call: AttentionCall, q, k, v, out, deterministic, original: tuple, *
         o, lse = _through_op(call, q, k, v, out, deterministic, original, cu_seqlens_q,
                              cu_seqlens_k, seqused_k, page_table)
     elif requires_grad(q, k, v):
-        if out is not None or call.page_size or call.seqused_k or call.num_splits is not None \
-                or (call.layout == RAGGED and not call.ragged_k):
-            _refuse_without_backward(call, out)
+        _refuse_without_backward(call, out)
         o, lse = autograd.attention(call, as_deterministic(deterministic), q, k, v,
                                     cu_seqlens_q, cu_seqlens_k)
     else:
@@ -72,7 +66,7 @@ def _through_op(call, q, k, v, out, deterministic, original, cu_seqlens_q, cu_se
     """While a graph is traced: the custom op `cute_fa::fwd` / `fwd_varlen`, whose output
     is copied into `out` where one is given (checked above by the eager rules). A KV-cache call
     runs outside the graph: its plan reads the cache's arguments on the host."""
-    if decode_call(call) or (call.layout == RAGGED and not call.ragged_k):
+    if decode_call(call):
         if requires_grad(q, k, v):
             _refuse_without_backward(call, out)
         return torch.compiler.disable(run_forward)(

@@ -85,3 +85,12 @@ class MergeCall(NamedTuple):
     out_dtype: object
     head_dim: int
     device_index: int
+
+
+def backward_of(call: AttentionCall, deterministic: bool) -> BackwardCall:
+    """The backward of a checked forward call (a ragged one's longest entries size its grids)."""
+    ragged = call.layout == RAGGED
+    return BackwardCall(call.layout, call.dtype, call.head_dim, call.features,
+                        call.softmax_scale, call.causal_offset, deterministic,
+                        call.device_index, call.seqlen_q if ragged else 0,
+                        call.seqlen_k if ragged else 0)
