@@ -17,10 +17,11 @@ import functools
 import math
 
 from .arch import ARCHS, SMEM_BYTES, Arch
-from .compile.keys import BwdKey, BwdPostKey, BwdPrepKey, Sm80Key, Sm90Key, TmaKey
+from .compile.keys import (BwdKey, BwdPostKey, BwdPrepKey, BwdSm90Key, Sm80Key, Sm90Key,
+                           TmaKey)
 from .compile.registry import REGISTRY
 from .layouts import TileConfig
-from .layouts.config import BwdTileConfig, RowTile
+from .layouts.config import BwdTileConfig, RowTile, WgmmaBwdTileConfig
 
 __all__ = ["ARCHS", "BACKENDS", "SMEM_BYTES", "TILES", "TMA_TILES", "kernel_key", "tile_config",
            "max_kv_stages", "check_backend", "resolve_backend"]
@@ -543,12 +544,60 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
     raise ValueError(f"no backward tile of head_dim={head_dim} fits {arch}'s shared memory")
 
 
+# the Hopper backward (kernels/bwd/sm90.py): head_dim class -> (block_m, consumers, q_stages).
+# A/B on the H200 (bf16, docs/perf/2026-12-02-h200-bwd-sm90): at head_dim 64, 128 queries per
+# step ran 7-11% faster than 64 (each K/V load serves twice the queries); at 128, a third
+# Q/dO stage ran -2% to +14% (causal S = 4k) against two.
+# Each consumer thread holds dK and dV of its 64 keys (64 float32 registers each at head_dim
+# 128) beside S^T and dP^T; ptxas fits that in setmaxnreg's 240 with at most
+# BWD_SM90_SPILL_BUDGET bytes of spill stores or loads (0 without a softcap; the softcap's
+# 1 - tanh^2, 32 more live registers, costs up to 128 bytes stored and 160 loaded at head_dim
+# 128).
+BWD_SM90_TILES = {64: (128, 2, 2), 128: (64, 2, 3)}
+BWD_SM90_SPILL_BUDGET = 192
+BWD_BACKENDS = ("auto", "sm80", "sm90")
+
+
+def bwd_sm90_tile(dtype: str, head_dim: int) -> WgmmaBwdTileConfig | None:
+    """The Hopper backward's tile for head_dim, or None where it has none (head_dim > 128: dK
+    and dV of 64 keys per warpgroup would not fit its registers)."""
+    found = BWD_SM90_TILES.get(head_dim_class(head_dim))
+    if found is None:
+        return None
+    bm, consumers, stages = found
+    return WgmmaBwdTileConfig(head_dim, bm, consumers, dtype, stages)
+
+
+def bwd_backend(arch: str, dtype: str, head_dim: int, backend: str = "auto") -> str:
+    """'sm80' or 'sm90': the backward kernel a call runs. 'auto' takes the wgmma kernel on
+    sm90 wherever it has a tile (head_dim up to 128): on the H200 it ran 1.2x-1.6x the
+    mma.sync kernel on every shape measured, default and deterministic
+    (docs/perf/2026-12-02-h200-bwd-sm90)."""
+    if backend not in BWD_BACKENDS:
+        raise ValueError(f"backend must be one of {BWD_BACKENDS}, got {backend!r}")
+    if backend == "sm90":
+        if Arch.of_name(arch).major != 9:
+            raise ValueError(f"backend='sm90' (the wgmma backward) runs on sm90 only, not "
+                             f"{arch}")
+        if bwd_sm90_tile(dtype, head_dim) is None:
+            raise ValueError(f"backend='sm90' takes head_dim up to 128 in the backward, got "
+                             f"{head_dim}; use backend='sm80' or 'auto'")
+        return "sm90"
+    if (backend == "auto" and Arch.of_name(arch).major == 9
+            and bwd_sm90_tile(dtype, head_dim) is not None):
+        return "sm90"
+    return "sm80"
+
+
 def bwd_keys(arch: str, dtype: str, head_dim: int, causal: bool, *, local: bool = False,
              softcap: bool = False, varlen: bool = False, deterministic: bool = False,
-             tile_arch: str | None = None) -> tuple:
+             tile_arch: str | None = None, backend: str = "auto") -> tuple:
     """(preprocess, main, postprocess) keys of one backward call."""
     rows = RowTile(head_dim, BWD_ROWS[0], BWD_ROWS[1], dtype)
-    main = BwdKey(arch, causal, bwd_tile(tile_arch or arch, dtype, head_dim), local=local,
-                  softcap=softcap, varlen_q=varlen, varlen_k=varlen,
-                  deterministic=deterministic)
+    features = dict(local=local, softcap=softcap, varlen_q=varlen, varlen_k=varlen,
+                    deterministic=deterministic)
+    if bwd_backend(tile_arch or arch, dtype, head_dim, backend) == "sm90":
+        main = BwdSm90Key(arch, causal, bwd_sm90_tile(dtype, head_dim), **features)
+    else:
+        main = BwdKey(arch, causal, bwd_tile(tile_arch or arch, dtype, head_dim), **features)
     return BwdPrepKey(arch, rows), main, BwdPostKey(arch, main.tile, varlen)

@@ -22,6 +22,18 @@ def first_visible_key(query, window_offset):
     return query + window_offset
 
 
+def first_query_seeing(key, causal_offset):
+    """Under causal masking, key `key` is seen by queries from key - causal_offset on (the
+    inverse of `last_visible_key`: what the backward's transposed tiles mask by)."""
+    return key - causal_offset
+
+
+def last_query_seeing(key, window_offset):
+    """Under a window's lower edge, key `key` is seen by queries up to key - window_offset (the
+    inverse of `first_visible_key`)."""
+    return key - window_offset
+
+
 def key_visible(query, key, *, causal: bool, causal_offset=0, window_size=(-1, -1)):
     """True where key `key` contributes to query `query` (global positions). causal (bottom-
     right by causal_offset) is window_size's right side 0; window_size = (left, right)

@@ -1,7 +1,9 @@
 """A float64 reference for attention gradients, on the GPU: plain torch ops (scores, mask,
 softmax, P V) differentiated by torch.autograd, independent of cute_fa's kernels. GQA repeats
 K/V heads here (the reference may; the kernels must not), so the gradients of the repeated heads
-sum back into their K/V head through autograd."""
+sum back into their K/V head through autograd. Which key a query sees is written here, from
+flash-attn's definition (not imported from cute_fa.visibility, so that a convention bug in the
+kernels' rule cannot pass unseen)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,21 @@ import math
 
 import torch
 
-from cute_fa.visibility import key_visible
+
+
+def key_visible(query, key, *, causal: bool, causal_offset: int, window_size=(-1, -1)):
+    """flash-attn's rule, bottom-right aligned by causal_offset = Sk - Sq (0: top-left): query
+    i sees key j iff i + offset - left <= j <= i + offset + right, an unbounded side being -1;
+    causal is right = 0."""
+    left, right = window_size
+    if causal:
+        right = 0
+    visible = True
+    if right >= 0:
+        visible = key <= query + causal_offset + right
+    if left >= 0:
+        visible = visible & (key >= query + causal_offset - left)
+    return visible
 
 
 def attention(q, k, v, *, causal=False, causal_offset=None, window_size=(-1, -1), softcap=0.0,

@@ -1,4 +1,6 @@
-"""The backward kernels compile for sm_80, sm_90a and sm_120a in their shipped tiles: mma.sync
+"""The mma.sync backward kernels compile for sm_80, sm_90a and sm_120a in their shipped tiles (on
+sm_90a `auto` takes the wgmma kernel up to head_dim 128, tests/test_compile_bwd_sm90.py; here
+sm_90a's rows name backend="sm80", the kernel it still runs past 128 and on request): mma.sync
 m16n8k16 with transposed ldmatrix operands, cp.async loads, float32 reductions for dQ (vector
 ones from sm90 on), registers within 255 and spills within tuning.BWD_SPILL_BUDGET (the
 preprocess and postprocess: none); and their tiles fit each arch's shared memory."""
@@ -44,7 +46,7 @@ def _within_budget(ptx, arch, budget):
 
 @pytest.mark.parametrize("arch,head_dim,dtype,causal", PLAIN)
 def test_main_kernel_compiles(arch, head_dim, dtype, causal):
-    _, key, _ = bwd_keys(arch, dtype, head_dim, causal)
+    _, key, _ = bwd_keys(arch, dtype, head_dim, causal, backend="sm80")
     assert key.tile.smem_bytes() <= SMEM_BYTES[arch]
     ptx = _main_ptx(key)
     # the mask's exp2 and the dQ reductions are there; no deterministic counter

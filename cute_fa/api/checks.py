@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..layouts.config import check_head_dim
 from ..runtime.call import (DENSE, FAR_LEFT, NO_WINDOW, PLAIN, RAGGED, AttentionCall,
                             BackwardCall, MergeCall, ScoreFeatures, backward_of)
-from ..tuning import (BACKENDS, MAX_PAGE_SIZE, MAX_SEQLEN_Q, MAX_SPLITS, PREFILL_ONLY,
+from ..tuning import (BACKENDS, BWD_BACKENDS, MAX_PAGE_SIZE, MAX_SEQLEN_Q, MAX_SPLITS, PREFILL_ONLY,
                       check_backend, supported_page_size)
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -493,10 +493,16 @@ def _check_lse(lse, shape: tuple, layout: str) -> None:
 def check_backward(layout: str, dout, q, k, v, out, lse, *, causal=False, softmax_scale=None,
                    window_size=NO_WINDOW, softcap=0.0, deterministic=None, dq=None, dk=None,
                    dv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                   max_seqlen_k=None, bottom_right: bool = True) -> BackwardCall:
+                   max_seqlen_k=None, bottom_right: bool = True,
+                   backend: str = "auto") -> BackwardCall:
     """Every rule of a backward call (`backward`, `backward_varlen`, autograd's): the
     forward's rules for q, k, v and the scalars, then dout, out, lse and any given dq, dk,
-    dv: every shape and dtype first, then every layout and device."""
+    dv: every shape and dtype first, then every layout and device. backend: the main
+    kernel's, "auto", "sm80" or "sm90" (whether the GPU and head_dim take it is the plan's
+    check, before any launch)."""
+    if backend not in BWD_BACKENDS:
+        raise ValueError(f"backend must be one of {BWD_BACKENDS} for the backward, got "
+                         f"{backend!r}")
     ragged = layout == RAGGED
     q_layout = _LAYOUTS[layout]
     rank = 3 if ragged else 4
@@ -524,7 +530,7 @@ def check_backward(layout: str, dout, q, k, v, out, lse, *, causal=False, softma
     for name, t, _, like in grads:
         check_layout(name, t)
     check_devices([(name, t) for name, t, _, _ in grads] + [("lse", lse)], fwd.device_index)
-    return backward_of(fwd, as_deterministic(deterministic))
+    return backward_of(fwd, as_deterministic(deterministic))._replace(backend=backend)
 
 
 def check_merge(o_parts, lse_parts) -> MergeCall:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..layouts import TileConfig
-from ..layouts.config import BwdTileConfig, RowTile
+from ..layouts.config import BwdTileConfig, RowTile, WgmmaBwdTileConfig
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,22 @@ class BwdKey(KernelKey):
 
 
 @dataclass(frozen=True)
+class BwdSm90Key(KernelKey):
+    """The Hopper backward (`kernels/bwd/sm90.py`): a TMA producer and wgmma consumer
+    warpgroups over a `WgmmaBwdTileConfig`; the score features and deterministic as `BwdKey`."""
+
+    tile: WgmmaBwdTileConfig = None
+    deterministic: bool = False
+    backend: ClassVar[str] = "bwd_sm90"
+
+    def __post_init__(self):
+        if not isinstance(self.tile, WgmmaBwdTileConfig):
+            raise TypeError(f"tile must be a WgmmaBwdTileConfig, got {type(self.tile).__name__}")
+        if self.lpt:
+            raise ValueError("lpt orders query blocks; the backward's CTAs own key blocks")
+
+
+@dataclass(frozen=True)
 class BwdPrepKey:
     """The backward's preprocess (`kernels/bwd/preprocess.py`): D = rowsum(dO * O), LSE in log2
     units."""
@@ -140,9 +156,10 @@ class BwdPrepKey:
 @dataclass(frozen=True)
 class BwdPostKey:
     """The backward's postprocess (`kernels/bwd/postprocess.py`): dQ from its float32 sums, laid
-    out by the main kernel's tile."""
+    out by the main kernel's tile (a `BwdTileConfig`, or the Hopper kernel's
+    `WgmmaBwdTileConfig`: each names the dQ TiledMMA whose register order the sums are in)."""
 
     arch: str
-    tile: BwdTileConfig
+    tile: BwdTileConfig | WgmmaBwdTileConfig
     varlen: bool = False
     backend: ClassVar[str] = "bwd_post"

@@ -16,8 +16,8 @@ import importlib
 from dataclasses import dataclass
 
 from ..arch import Arch
-from .keys import (BwdKey, BwdPostKey, BwdPrepKey, KernelKey, MergeKey, Sm80Key, Sm90Key,
-                   TmaKey)
+from .keys import (BwdKey, BwdPostKey, BwdPrepKey, BwdSm90Key, KernelKey, MergeKey, Sm80Key,
+                   Sm90Key, TmaKey)
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,8 @@ KERNELS = dict(
                   MergeKey, 8, MERGE_ARGUMENTS),
     bwd_sm80=Backend("bwd_sm80", "backward: cp.async + ldmatrix + mma.sync, any GPU from sm80 "
                      "on", "bwd.sm80", "FlashBwdSm80", BwdKey, 8, BWD_ARGUMENTS),
+    bwd_sm90=Backend("bwd_sm90", "backward: TMA producer + wgmma consumers, Hopper (sm90) only",
+                     "bwd.sm90", "FlashBwdSm90", BwdSm90Key, 9, BWD_ARGUMENTS, max_major=9),
     bwd_pre=Backend("bwd_pre", "backward preprocess: D = rowsum(dO * O)", "bwd.preprocess",
                     "BwdPreprocess", BwdPrepKey, 8, BWD_PREP_ARGUMENTS),
     bwd_post=Backend("bwd_post", "backward postprocess: dQ from float32", "bwd.postprocess",

@@ -8,6 +8,7 @@ build from, and this package reads those very builders.
 
 from .bwd import BwdLayouts
 from .introspect import FlashLayouts
+from .bwd_wgmma import WgmmaBwdLayouts
 from .wgmma import WgmmaLayouts, pipeline_rounds
 
-__all__ = ["BwdLayouts", "FlashLayouts", "WgmmaLayouts", "pipeline_rounds"]
+__all__ = ["BwdLayouts", "FlashLayouts", "WgmmaBwdLayouts", "WgmmaLayouts", "pipeline_rounds"]

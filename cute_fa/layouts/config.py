@@ -281,6 +281,67 @@ class BwdTileConfig(HeadDimTiling):
 
 
 @dataclass(frozen=True)
+class WgmmaBwdTileConfig(HeadDimTiling):
+    """One CTA's tiling of the Hopper backward (`kernels/bwd/sm90.py`, `layouts.bwd_wgmma`).
+
+    A CTA owns block_n keys of one K/V head, 64 per consumer warpgroup (`consumers` of them):
+    the transposed scores S^T = K Q^T put the keys on wgmma's M, so each warpgroup's P^T and
+    dS^T are already the register A operands of dV += P^T dO and dK += dS^T Q. Q, dO and their
+    LSE and D rows stream through a ring of q_stages block_m-row stages, loaded by TMA.
+    num_threads counts the consumer threads (the producer warpgroup comes on top)."""
+
+    head_dim: int = 128
+    block_m: int = 64
+    consumers: int = 2
+    dtype: str = "float16"
+    q_stages: int = 2
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        check_head_dim("head_dim", self.head_dim)
+        if _require_int("consumers", self.consumers) not in (1, 2):
+            raise ValueError(f"consumers must be 1 or 2 warpgroups, got {self.consumers}")
+        bm = _require_int("block_m", self.block_m)
+        if bm % 16 or not 16 <= bm <= 256:
+            raise ValueError(f"block_m must be a multiple of 16 in [16, 256] (the k of dV += "
+                             f"P^T dO and the N of S^T), got {bm}")
+        if _require_int("q_stages", self.q_stages) not in (2, 3):
+            raise ValueError(f"q_stages must be 2 or 3, got {self.q_stages}")
+
+    @property
+    def head_dim_padded(self) -> int:
+        """head_dim rounded up to 64: the smem tiles are whole 128-byte swizzle atoms wide, so
+        that each warpgroup's share of dQ's columns (and of K^T, read MN-major) is too."""
+        return -(-self.head_dim // 64) * 64
+
+    @property
+    def block_n(self) -> int:
+        return 64 * self.consumers
+
+    @property
+    def num_threads(self) -> int:
+        return 128 * self.consumers
+
+    @property
+    def q_rows(self) -> "RowTile":
+        """The query block's rows as dQ's conversion stores them."""
+        return RowTile(self.head_dim, self.block_m, self.num_threads, self.dtype, pad=64)
+
+    @property
+    def kv_rows(self) -> "RowTile":
+        """The key block's rows as the dK/dV stores walk them."""
+        return RowTile(self.head_dim, self.block_n, self.num_threads, self.dtype, pad=64)
+
+    def smem_bytes(self) -> int:
+        """K, V, q_stages of Q and dO, dS, the LSE/D rows of each stage and the mbarriers,
+        each tile 1024-byte aligned."""
+        dp, e = self.head_dim_padded, self.elem_bytes
+        return ((2 * self.block_n * dp + 2 * self.q_stages * self.block_m * dp
+                 + self.block_m * self.block_n) * e
+                + 2 * 4 * self.q_stages * self.block_m + 1024)
+
+
+@dataclass(frozen=True)
 class RowTile(HeadDimTiling):
     """block_m rows of a head_dim-wide tensor that num_threads threads copy 16 bytes at a time:
     what the backward's row-wise kernels (D = rowsum(dO * O), dQ's conversion) and its dK/dV
@@ -290,13 +351,20 @@ class RowTile(HeadDimTiling):
     block_m: int
     num_threads: int
     dtype: str = "float16"
+    pad: int = 32  # head_dim_padded's multiple: the tile's whose rows these are
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         check_head_dim("head_dim", self.head_dim)
+        if self.pad not in (32, 64):
+            raise ValueError(f"pad must be 32 or 64, got {self.pad}")
         if self.block_m % self.copy_rows_per_pass:
             raise ValueError(f"block_m must be a multiple of {self.copy_rows_per_pass} rows per "
                              f"copy pass, got {self.block_m}")
+
+    @property
+    def head_dim_padded(self) -> int:
+        return -(-self.head_dim // self.pad) * self.pad
 
 
 def dq_accum_blocks(max_seqlen_q: int, block_m: int, ragged_rows: int = 0,

@@ -76,6 +76,7 @@ class BackwardCall(NamedTuple):
     device_index: int
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
+    backend: str = "auto"  # the main kernel: "auto", "sm80" (mma.sync) or "sm90" (wgmma)
 
 
 class MergeCall(NamedTuple):

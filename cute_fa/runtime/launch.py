@@ -76,7 +76,8 @@ class BwdPostArgs(NamedTuple):
 
 
 RECORDS = {"sm80": ForwardArgs, "tma": ForwardArgs, "sm90": ForwardArgs, "merge": MergeArgs,
-           "bwd_pre": BwdPrepArgs, "bwd_sm80": BwdArgs, "bwd_post": BwdPostArgs}
+           "bwd_pre": BwdPrepArgs, "bwd_sm80": BwdArgs, "bwd_sm90": BwdArgs,
+           "bwd_post": BwdPostArgs}
 
 
 def for_kernel(args: tuple, used: tuple) -> tuple:

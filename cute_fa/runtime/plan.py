@@ -242,12 +242,14 @@ def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan
     over = _OVERRIDES[0]
     f = call.features
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
-             f.softcap > 0, call.layout, call.deterministic, over.tile_arch, compile)
+             f.softcap > 0, call.layout, call.deterministic, call.backend, over.tile_arch,
+             compile)
     found = _BACKWARD.get(route)
     if found is None:
         keys = bwd_keys(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
                         local=f.local, softcap=f.softcap > 0, varlen=call.layout == RAGGED,
-                        deterministic=call.deterministic, tile_arch=over.tile_arch)
+                        deterministic=call.deterministic, tile_arch=over.tile_arch,
+                        backend=call.backend)
         found = _BACKWARD[route] = BackwardPlan(
             keys, tuple(_compiled(k, compile) for k in keys),
             tuple(used_arguments(k) for k in keys), keys[1].tile)

@@ -15,7 +15,8 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.memory
 
-from ...layouts import bwd as bwd_layouts, smem
+from ...layouts import bwd as bwd_layouts, bwd_wgmma, smem
+from ...layouts.config import WgmmaBwdTileConfig
 from ...layouts._types import cutlass_dtype
 from ..common import epilogue
 from ..sched.seqlen import SeqlenInfo
@@ -29,6 +30,9 @@ class BwdPostprocess:
         self.cfg = key.tile
         self.varlen = key.varlen
         self.dq_vector = bwd_layouts.dq_vector(key.arch)
+        # the main kernel's dQ TiledMMA, whose register order the sums are in
+        self.tiled_mma_dq = (bwd_wgmma.tiled_mma_dq if isinstance(key.tile, WgmmaBwdTileConfig)
+                             else bwd_layouts.tiled_mma_dq)
 
     @cute.jit
     def __call__(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: cutlass.Float32,
@@ -63,7 +67,7 @@ class BwdPostprocess:
         m_block, head, batch = cute.arch.block_idx()
         seqlen = SeqlenInfo.of(batch, mdQ.shape[1], 0, mCuSeqlensQ)
         if m_block * bm < seqlen.seqlen_q:
-            tiled_dq = bwd_layouts.tiled_mma_dq(cfg)
+            tiled_dq = self.tiled_mma_dq(cfg)
             acc = cute.make_rmem_tensor(tiled_dq.get_slice(tidx).partition_shape_C((bm, dp)),
                                         cutlass.Float32)
             chunk = bwd_layouts.dq_accum_chunk(

@@ -8,7 +8,8 @@ introspection); `apply_mask` applies it to the S accumulator.
 import cutlass
 import cutlass.cute as cute
 
-from ...visibility import first_visible_key, last_visible_key
+from ...visibility import (first_query_seeing, first_visible_key, last_query_seeing,
+                           last_visible_key)
 from ..sched.seqlen import QueryRows
 
 
@@ -45,6 +46,30 @@ def apply_mask(acc_S_mn: cute.Tensor, row_offsets: cutlass.Constexpr, col_offset
                     acc_S_mn[r, c] = -cutlass.Float32.inf
                 if col_offsets[c] < low:
                     acc_S_mn[r, c] = -cutlass.Float32.inf
+
+
+@cute.jit
+def apply_mask_transposed(acc_St_mn: cute.Tensor, row_offsets: cutlass.Constexpr,
+                          col_offsets: cutlass.Constexpr, key0, query0, seqlen_k,
+                          causal_offset, causal: cutlass.Constexpr, window_offset=None):
+    """`apply_mask` for a transposed score tile S^T (rows = keys, columns = queries; the
+    Hopper backward's): -inf where the row's key is past seqlen_k, if causal where the
+    column's query is before the first query that sees the key, with a window_offset where it
+    is past the last one. Per row one or two limits, compared with the constant column
+    offsets."""
+    for r in cutlass.range_constexpr(len(row_offsets)):
+        key = key0 + row_offsets[r]
+        past_end = key >= seqlen_k
+        for c in cutlass.range_constexpr(len(col_offsets)):
+            hidden = past_end
+            if cutlass.const_expr(causal):
+                hidden = hidden | (col_offsets[c] < first_query_seeing(key, causal_offset)
+                                   - query0)
+            if cutlass.const_expr(window_offset is not None):
+                hidden = hidden | (col_offsets[c] > last_query_seeing(key, window_offset)
+                                   - query0)
+            if hidden:
+                acc_St_mn[r, c] = -cutlass.Float32.inf
 
 
 @cute.jit

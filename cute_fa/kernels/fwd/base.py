@@ -34,7 +34,7 @@ from ..common import epilogue, mask
 from ..common.launch import occupancy_options
 from ..common.thread_mma import ThreadMma
 from ..sched.block_info import BlockInfo
-from ..sched.seqlen import QueryRows, SeqlenInfo
+from ..sched.seqlen import QueryRows, SeqlenInfo, tma_entry_rows
 from ..sched.tile_scheduler import SingleTileScheduler
 
 
@@ -162,16 +162,6 @@ class FlashFwdBase:
                            smem=storage.size_in_bytes(), stream=stream,
                            **occupancy_options(self.ctas_per_sm))
 
-    @staticmethod
-    def _entry_coords(tma_X: cute.Tensor, batch, head, offset):
-        """The (seqlen, head_dim) TMA coordinates of one batch entry's rows of `head`; in a
-        ragged batch, those of the packed (total, ...) tensor from the entry's first row. Its
-        tiles may run into the next entry's rows: those are read but masked (K), multiplied
-        by zero weights (V) or not stored (Q's rows past the entry)."""
-        if offset is None:
-            return tma_X[None, None, head, batch]
-        return cute.domain_offset((offset, 0), tma_X[None, None, head, 0])
-
     def _tma_partitions(self, storage, stages, tma_atom_Q, tma_Q, tma_atom_K, tma_K,
                         tma_atom_V, tma_V, tile, seqlen: SeqlenInfo) -> tuple:
         """The TMA partitions of this CTA's Q tile and of its entry's K and V blocks, between
@@ -188,11 +178,11 @@ class FlashFwdBase:
         sQ_tma = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q"))
         sK_tma = storage.sK.get_tensor(tma.tma_smem_layout(cfg, "K", stages))
         sV_tma = storage.sV.get_tensor(tma.tma_smem_layout(cfg, "V", stages))
-        gQ = cute.local_tile(self._entry_coords(tma_Q, tile.batch, tile.head, seqlen.offset_q),
+        gQ = cute.local_tile(tma_entry_rows(tma_Q, tile.batch, tile.head, seqlen.offset_q),
                              (bm, dp), (tile.m_block, 0))
-        gK = cute.local_tile(self._entry_coords(tma_K, tile.batch, tile.head_kv,
+        gK = cute.local_tile(tma_entry_rows(tma_K, tile.batch, tile.head_kv,
                                                 seqlen.offset_k), (bn, dp), (None, 0))
-        gV = cute.local_tile(self._entry_coords(tma_V, tile.batch, tile.head_kv,
+        gV = cute.local_tile(tma_entry_rows(tma_V, tile.batch, tile.head_kv,
                                                 seqlen.offset_k), (bn, dp), (None, 0))
         one_cta = cute.make_layout(1)
         tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one_cta, cute.group_modes(sQ_tma, 0, 2),

@@ -42,7 +42,7 @@ from ..common import epilogue
 from .base import FlashFwdBase, RoundContext
 from ..common.softmax import score_scales
 from ..common.thread_wgmma import ThreadWgmma, gemm, thread_wgmma
-from ..sched.seqlen import SeqlenInfo
+from ..sched.seqlen import SeqlenInfo, tma_entry_rows
 
 # named barriers (0 is the CTA's __syncthreads): the consumers' epilogue, then one turn
 # barrier per consumer warpgroup for the ping-pong
@@ -172,7 +172,7 @@ class FlashFwdSm90(FlashFwdBase):
         self._consumer_sync()
         if ctidx < 32:
             sO_tma = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q"))
-            gO = cute.local_tile(self._entry_coords(tma_O, tile.batch, tile.head, None),
+            gO = cute.local_tile(tma_entry_rows(tma_O, tile.batch, tile.head, None),
                                  (cfg.block_m, cfg.head_dim_padded), (tile.m_block, 0))
             tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
                                                cute.group_modes(sO_tma, 0, 2),

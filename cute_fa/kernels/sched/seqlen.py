@@ -91,3 +91,14 @@ def _entry_rows(mX: cute.Tensor, batch, head, offset):
     if offset is None:
         return mX[batch, None, head, None]
     return shifted(mX[0, None, head, None], offset * mX.stride[1])
+
+
+def tma_entry_rows(tma_X: cute.Tensor, batch, head, offset):
+    """The (seqlen, head_dim) TMA coordinates of one batch entry's rows of `head` in a tensor
+    viewed as (seqlen, head_dim, heads, batch) (`layouts.tma.tma_view`); in a ragged batch
+    (offset: the entry's first row), those of the packed (total, ...) tensor from that row. Its
+    tiles may run into the next entry's rows: those are read but masked (K), multiplied by
+    zero weights (V) or not stored (Q's rows past the entry)."""
+    if offset is None:
+        return tma_X[None, None, head, batch]
+    return cute.domain_offset((offset, 0), tma_X[None, None, head, 0])

@@ -1,0 +1,404 @@
+"""The Hopper backward kernel (sm90): a TMA producer, a row loader and wgmma consumers.
+
+One CTA owns block_n keys of one K/V head of one batch entry, 64 per consumer warpgroup; dK
+and dV accumulate in registers over every query block of every query head of the K/V head's
+group (GQA/MQA: summed here, no repeated K/V). The products and where their operands live are
+`layouts.bwd_wgmma`'s: the scores are computed transposed (S^T = K Q^T, keys on wgmma's M), so
+P^T and dS^T are already the register A operands of dV and dK.
+
+Roles: warpgroup 0 is the producer. Its warp 0 loads K and V once and Q and dO of each query
+block into a ring of q_stages stages (TMA); its warp 1 loads the block's LSE (log2 units) and
+D = rowsum(dO * O) rows into shared memory, +inf and 0 past the entry's queries, so those
+rows weigh nothing (a ragged batch's tile runs into the next entry's rows: its Q and dO are
+read, and the +inf LSE zeroes them). Warps 2-3 only hand their registers to the consumers
+(setmaxnreg). The roles meet at mbarriers (`layouts.bwd_wgmma.QBarriers`).
+
+A consumer warpgroup's query block, in issue order:
+
+    wait Q;  S^T  = K Q^T            SS-wgmma, issued
+    wait dO; dP^T = V dO^T           SS-wgmma, issued behind it
+    wait S^T: softcap, mask, P^T = exp2(S^T * scale_log2 - LSE)
+    dV += P^T dO                     RS-wgmma, issued (runs under dS's arithmetic)
+    wait dP^T: dS^T = P^T (dP^T - D) (times 1 - tanh^2 under a softcap)
+    dS^T -> shared memory (stmatrix); dK += dS^T Q   RS-wgmma, issued
+    consumers' barrier (all of dS written); dQ = dS K   SS-wgmma, issued
+    wait all; release the stage; dQ -> float32 reductions into dQaccum
+
+deterministic: as the sm80 kernel (`base.FlashBwdBase._turn`), one CTA at a time per query
+block's dQ sums, in key-block order, the consumers passing the turn on a counter.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from ...layouts import bwd as bwd_layouts, bwd_wgmma, ring, smem, tma, wgmma
+from ...layouts._types import cutlass_dtype
+from ..common import epilogue, mask
+from ..common.launch import occupancy_options
+from ..common.softmax import score_scales
+from ..common.thread_mma import tile_place
+from ..common.thread_wgmma import gemm
+from ..sched.seqlen import SeqlenInfo, tma_entry_rows
+from .base import FlashBwdBase, QueryBlocks
+
+CONSUMER_BARRIER = 1  # named barrier of the consumer warpgroups (0 is the CTA's)
+
+
+class FlashBwdSm90(FlashBwdBase):
+    """Built from a `compile.keys.BwdSm90Key`."""
+
+    def __init__(self, key):
+        super().__init__(key)
+        self.bars = bwd_wgmma.QBarriers(self.cfg.q_stages)
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
+                 mLSE: cute.Tensor, mD: cute.Tensor, mdQaccum: cute.Tensor, mdK: cute.Tensor,
+                 mdV: cute.Tensor, softmax_scale: cutlass.Float32,
+                 causal_offset: Optional[cutlass.Int32], window_left: Optional[cutlass.Int32],
+                 window_right: Optional[cutlass.Int32], softcap: Optional[cutlass.Float32],
+                 mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
+                 max_seqlen_k: Optional[cutlass.Int32], mSemaphore: Optional[cute.Tensor],
+                 stream):
+        """The optional arguments are those the key asks for (`compile.registry`), None
+        elsewhere."""
+        cfg = self.cfg
+        q_tile = (cfg.block_m, cfg.head_dim_padded)
+        kv_tile = (cfg.block_n, cfg.head_dim_padded)
+        load = cpasync.CopyBulkTensorTileG2SOp()
+        layout_q = bwd_wgmma.smem_layout_q(cfg)
+        layout_kv = bwd_wgmma.smem_layout_kv(cfg)
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load, tma.tma_view(mQ), layout_q, q_tile)
+        tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(load, tma.tma_view(mdO), layout_q,
+                                                          q_tile)
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(load, tma.tma_view(mK), layout_kv,
+                                                        kv_tile)
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(load, tma.tma_view(mV), layout_kv,
+                                                        kv_tile)
+        Storage = bwd_wgmma.shared_storage(cfg, self.bars.count)
+        scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
+        keys = max_seqlen_k if cutlass.const_expr(self.varlen_k) else mK.shape[1]
+        grid = (cute.ceil_div(keys, cfg.block_n), cute.size(mK.shape[2]),
+                cute.size(mCuSeqlensQ.shape[0] - 1 if cutlass.const_expr(self.varlen_q)
+                          else mQ.shape[0]))
+        self.kernel(tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V,
+                    tma_V, mLSE, mD, mdQaccum, mdK, mdV, scale_log2, softmax_scale,
+                    causal_offset, Storage, mCuSeqlensQ, mCuSeqlensK, window_left,
+                    window_right, softcap_scale, mSemaphore).launch(
+            grid=grid, block=(cfg.num_threads + wgmma.WARPGROUP_THREADS, 1, 1),
+            smem=Storage.size_in_bytes(), stream=stream, **occupancy_options(self.ctas_per_sm))
+
+    @cute.kernel
+    def kernel(self, tma_atom_Q: cute.CopyAtom, tma_Q: cute.Tensor, tma_atom_dO: cute.CopyAtom,
+               tma_dO: cute.Tensor, tma_atom_K: cute.CopyAtom, tma_K: cute.Tensor,
+               tma_atom_V: cute.CopyAtom, tma_V: cute.Tensor, mLSE: cute.Tensor,
+               mD: cute.Tensor, mdQaccum: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
+               scale_log2: cutlass.Float32, softmax_scale: cutlass.Float32,
+               causal_offset: Optional[cutlass.Int32], Storage: cutlass.Constexpr,
+               mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
+               window_left: Optional[cutlass.Int32], window_right: Optional[cutlass.Int32],
+               softcap_scale: Optional[cutlass.Float32], mSemaphore: Optional[cute.Tensor]):
+        cfg, bars = self.cfg, self.bars
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        n_block, head_kv, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.deterministic and self.causal):
+            # the causal turns go from the last key block down (`_turn`): see sm80's kernel
+            n_block = cute.arch.grid_dim()[0] - 1 - n_block
+        seqlen = SeqlenInfo.of(batch, tma_Q.shape[0], tma_K.shape[0], mCuSeqlensQ, mCuSeqlensK)
+        if cutlass.const_expr(self.varlen_q or self.varlen_k):
+            causal_offset = seqlen.seqlen_k - seqlen.seqlen_q  # bottom-right, per entry
+        group = tma_Q.shape[2] // tma_K.shape[2]
+
+        storage = cutlass.memory.SmemAllocator().allocate(Storage)
+        mbar = storage.mbar.data_ptr()
+        if warp == 0:
+            with cute.arch.elect_one():
+                for i in cutlass.range_constexpr(bars.rows_full):  # K/V, Q and dO full
+                    cute.arch.mbarrier_init(mbar + i, 1)
+                for i in cutlass.range_constexpr(bars.rows_full, bars.empty):
+                    cute.arch.mbarrier_init(mbar + i, 32)  # the row loader's lanes
+                for i in cutlass.range_constexpr(bars.empty, bars.count):
+                    cute.arch.mbarrier_init(mbar + i, cfg.num_threads // 32)
+                cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+
+        # a ragged batch's short entries have fewer key blocks than the grid
+        if n_block * cfg.block_n < seqlen.seqlen_k:
+            blocks = self._query_blocks(n_block, seqlen, causal_offset, window_left,
+                                        window_right)
+            per_head = cutlass.max(blocks.m_hi - blocks.m_lo, 0)
+            steps = per_head * group
+            if warp < 4:
+                cute.arch.setmaxregister_decrease(bwd_wgmma.PRODUCER_REGS[cfg.consumers])
+                if warp == 0:
+                    self._produce(storage, tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K,
+                                  tma_K, tma_atom_V, tma_V, seqlen, blocks, batch, head_kv,
+                                  group, n_block, per_head, steps)
+                if warp == 1:
+                    self._load_rows(storage, mLSE, mD, seqlen, blocks, batch, head_kv, group,
+                                    per_head, steps)
+            else:
+                cute.arch.setmaxregister_increase(bwd_wgmma.CONSUMER_REGS[cfg.consumers])
+                self._consume(storage, mdQaccum, mdK, mdV, scale_log2, softmax_scale,
+                              softcap_scale, seqlen, blocks, batch, head_kv, group, n_block,
+                              per_head, steps, mCuSeqlensQ, mSemaphore,
+                              tidx - wgmma.WARPGROUP_THREADS)
+
+    # ---- the producer warpgroup ----
+
+    @cute.jit
+    def _step_place(self, i, blocks: QueryBlocks, head_kv, group, per_head):
+        """(query head, query block) of step i: the group's heads in turn, each over its
+        query blocks."""
+        g = i // per_head
+        return head_kv * group + g, blocks.m_lo + i - g * per_head
+
+    @cute.jit
+    def _wait_empty(self, mbar, i):
+        """Before refilling stage i % q_stages: the consumers of step i - q_stages are done."""
+        stage, phase = ring.ring_slot(i, self.cfg.q_stages)
+        if i >= self.cfg.q_stages:
+            cute.arch.mbarrier_wait(mbar + self.bars.empty + stage, 1 - phase)
+        return stage
+
+    @cute.jit
+    def _produce(self, storage, tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K,
+                 tma_atom_V, tma_V, seqlen: SeqlenInfo, blocks: QueryBlocks, batch, head_kv,
+                 group, n_block, per_head, steps):
+        """Warp 0: K and V once, then Q and dO of every step, each stage refilled once its
+        consumers have released it. The copies elect their own lane."""
+        cfg, bars = self.cfg, self.bars
+        bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
+        mbar = storage.mbar.data_ptr()
+        one_cta = cute.make_layout(1)
+        if steps > 0:
+            sQ = storage.sQ.get_tensor(bwd_wgmma.smem_layout_q(cfg, cfg.q_stages))
+            sdO = storage.sdO.get_tensor(bwd_wgmma.smem_layout_q(cfg, cfg.q_stages))
+            sK = storage.sK.get_tensor(bwd_wgmma.smem_layout_kv(cfg))
+            sV = storage.sV.get_tensor(bwd_wgmma.smem_layout_kv(cfg))
+            q_bytes = bm * dp * cfg.elem_bytes
+            kv_bytes = bn * dp * cfg.elem_bytes
+            with cute.arch.elect_one():
+                for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V):
+                    cpasync.prefetch_descriptor(atom)
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar + bars.kv, 2 * kv_bytes)
+            for atom, src, dst in ((tma_atom_K, tma_K, sK), (tma_atom_V, tma_V, sV)):
+                gKV = cute.local_tile(tma_entry_rows(src, batch, head_kv, seqlen.offset_k),
+                                      (bn, dp), (n_block, 0))
+                tKVsKV, tKVgKV = cpasync.tma_partition(atom, 0, one_cta,
+                                                       cute.group_modes(dst, 0, 2),
+                                                       cute.group_modes(gKV, 0, 2))
+                cute.copy(atom, tKVgKV, tKVsKV, tma_bar_ptr=mbar + bars.kv)
+            for i in cutlass.range(steps, unroll=1):
+                head, m_block = self._step_place(i, blocks, head_kv, group, per_head)
+                stage = self._wait_empty(mbar, i)
+                for atom, src, dst, full in ((tma_atom_Q, tma_Q, sQ, bars.q_full),
+                                             (tma_atom_dO, tma_dO, sdO, bars.do_full)):
+                    gX = cute.local_tile(tma_entry_rows(src, batch, head, seqlen.offset_q),
+                                         (bm, dp), (None, 0))
+                    tXsX, tXgX = cpasync.tma_partition(atom, 0, one_cta,
+                                                       cute.group_modes(dst, 0, 2),
+                                                       cute.group_modes(gX, 0, 2))
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(mbar + full + stage, q_bytes)
+                    cute.copy(atom, tXgX[None, m_block], tXsX[None, stage],
+                              tma_bar_ptr=mbar + full + stage)
+
+    @cute.jit
+    def _load_rows(self, storage, mLSE, mD, seqlen: SeqlenInfo, blocks: QueryBlocks, batch,
+                   head_kv, group, per_head, steps):
+        """Warp 1: each step's LSE and D rows into their stage, lane by lane; rows past the
+        entry's queries get LSE = +inf (weights 0) and D = 0. Each lane arrives on the stage's
+        barrier once its own stores are done."""
+        cfg, bars = self.cfg, self.bars
+        bm = cfg.block_m
+        mbar = storage.mbar.data_ptr()
+        sLSE = storage.sLSE.get_tensor(cute.make_layout(bm * cfg.q_stages))
+        sD = storage.sD.get_tensor(cute.make_layout(bm * cfg.q_stages))
+        lane = cute.arch.lane_idx()
+        for i in cutlass.range(steps, unroll=1):
+            head, m_block = self._step_place(i, blocks, head_kv, group, per_head)
+            stage = self._wait_empty(mbar, i)
+            lse = seqlen.lse_row(mLSE, batch, head)
+            d = seqlen.lse_row(mD, batch, head)
+            for r in cutlass.range_constexpr(bm // 32):
+                row = m_block * bm + r * 32 + lane
+                value_lse = cutlass.Float32.inf
+                value_d = cutlass.Float32(0.0)
+                if row < seqlen.seqlen_q:
+                    value_lse = lse[row]
+                    value_d = d[row]
+                sLSE[stage * bm + r * 32 + lane] = value_lse
+                sD[stage * bm + r * 32 + lane] = value_d
+            cute.arch.mbarrier_arrive(mbar + bars.rows_full + stage)
+
+    # ---- the consumers ----
+
+    def _consumer_sync(self):
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=self.cfg.num_threads)
+
+    @cute.jit
+    def _consume(self, storage, mdQaccum, mdK, mdV, scale_log2, softmax_scale, softcap_scale,
+                 seqlen: SeqlenInfo, blocks: QueryBlocks, batch, head_kv, group, n_block,
+                 per_head, steps, mCuSeqlensQ, mSemaphore, ctidx):
+        cfg, bars = self.cfg, self.bars
+        bm, bn, dp, stages = cfg.block_m, cfg.block_n, cfg.head_dim_padded, cfg.q_stages
+        dtype = cutlass_dtype(cfg.dtype)
+        mbar = storage.mbar.data_ptr()
+        # the wgmma operands: the TMA tiles, the swizzle carried by the pointer
+        lq = bwd_wgmma.smem_layout_q(cfg, stages)
+        lkv = bwd_wgmma.smem_layout_kv(cfg)
+        lds = bwd_wgmma.smem_layout_ds(cfg)
+        sQ = storage.sQ.get_tensor(lq.outer, swizzle=lq.inner)
+        sdO = storage.sdO.get_tensor(lq.outer, swizzle=lq.inner)
+        sK = storage.sK.get_tensor(lkv.outer, swizzle=lkv.inner)
+        sV = storage.sV.get_tensor(lkv.outer, swizzle=lkv.inner)
+        sdS = storage.sdS.get_tensor(lds.outer, swizzle=lds.inner)
+        sLSE = storage.sLSE.get_tensor(cute.make_layout(bm * stages))
+        sD = storage.sD.get_tensor(cute.make_layout(bm * stages))
+
+        mma_sdp = bwd_wgmma.tiled_mma_sdp(cfg)
+        mma_dkv = bwd_wgmma.tiled_mma_dkv(cfg)
+        mma_dq = bwd_wgmma.tiled_mma_dq(cfg)
+        # the descriptors are the warpgroup's: partition the operands by its first thread
+        wg_first = (ctidx // wgmma.WARPGROUP_THREADS) * wgmma.WARPGROUP_THREADS
+        wg_sdp, wg_dkv, wg_dq = (m.get_slice(wg_first) for m in (mma_sdp, mma_dkv, mma_dq))
+        tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+        tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+        tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+        tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(bwd_wgmma.transposed(sdO)))
+        tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(bwd_wgmma.transposed(sQ)))
+        tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
+        tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(bwd_wgmma.transposed(sK)))
+
+        thr_sdp = mma_sdp.get_slice(ctidx)
+        acc_dK = cute.make_rmem_tensor(mma_dkv.get_slice(ctidx).partition_shape_C((bn, dp)),
+                                       cutlass.Float32)
+        acc_dV = cute.make_rmem_tensor(acc_dK.layout, cutlass.Float32)
+        acc_dK.fill(0.0)
+        acc_dV.fill(0.0)
+        tScS = thr_sdp.partition_C(cute.make_identity_tensor((bn, bm)))
+        place = tile_place(cute.make_tensor(tScS.iterator, wgmma.acc_rowcol_layout(tScS.layout)))
+        r2s = bwd_wgmma.smem_tiled_copy_ds(cfg, mma_sdp)
+        thr_r2s = r2s.get_slice(ctidx)
+        tdSsdS = thr_r2s.partition_D(bwd_wgmma.transposed(sdS))
+        shape_S = thr_sdp.partition_shape_C((bn, bm))
+        shape_dQ = mma_dq.get_slice(ctidx).partition_shape_C((bm, dp))
+        rows = place["row_offsets"]
+        cols = place["col_offsets"]
+        key0 = n_block * bn + place["row0"]
+
+        if steps > 0:
+            cute.arch.mbarrier_wait(mbar + bars.kv, 0)
+        for i in cutlass.range(steps, unroll=1):
+            head, m_block = self._step_place(i, blocks, head_kv, group, per_head)
+            stage, phase = ring.ring_slot(i, stages)
+            cute.arch.mbarrier_wait(mbar + bars.q_full + stage, phase)
+            acc_S = cute.make_rmem_tensor(shape_S, cutlass.Float32)
+            gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], True)
+            cute.arch.mbarrier_wait(mbar + bars.do_full + stage, phase)
+            acc_dP = cute.make_rmem_tensor(shape_S, cutlass.Float32)
+            gemm(mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, stage], True)
+            cute.arch.mbarrier_wait(mbar + bars.rows_full + stage, phase)
+            warpgroup.wait_group(1)
+
+            dtanh = None
+            if cutlass.const_expr(self.softcap):
+                mask.apply_softcap(acc_S, softcap_scale)
+                dtanh = cute.make_fragment_like(acc_S)
+                dtanh.store(1.0 - acc_S.load() * acc_S.load())
+            acc_S_mn = cute.make_tensor(acc_S.iterator, wgmma.acc_rowcol_layout(acc_S.layout))
+            query0 = m_block * bm + place["col0"]
+            if self._masked(m_block, n_block, blocks, seqlen):
+                mask.apply_mask_transposed(acc_S_mn, rows, cols, key0, query0, seqlen.seqlen_k,
+                                           blocks.upper, self.causal, blocks.window_offset)
+            row0 = stage * bm + place["col0"]
+            for c in cutlass.range_constexpr(len(cols)):
+                lse = sLSE[row0 + cols[c]]
+                for r in cutlass.range_constexpr(len(rows)):
+                    acc_S_mn[r, c] = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - lse,
+                                                    fastmath=True)
+            rP = cute.make_fragment_like(acc_S, dtype)
+            rP.store(acc_S.load().to(dtype))
+            gemm(mma_dkv, acc_dV, cute.make_tensor(rP.iterator, wgmma.acc_to_a_layout(rP.layout)),
+                 tdVrdOt[None, None, None, stage], False)
+
+            warpgroup.wait_group(1)  # dP^T (dV's group may still run)
+            acc_dP_mn = cute.make_tensor(acc_dP.iterator, wgmma.acc_rowcol_layout(acc_dP.layout))
+            for c in cutlass.range_constexpr(len(cols)):
+                d = sD[row0 + cols[c]]
+                for r in cutlass.range_constexpr(len(rows)):
+                    acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] - d)
+            if cutlass.const_expr(self.softcap):
+                acc_dP.store(acc_dP.load() * dtanh.load())
+            rdS = cute.make_fragment_like(acc_dP, dtype)
+            rdS.store(acc_dP.load().to(dtype))
+            cute.copy(r2s, thr_r2s.retile(rdS), tdSsdS)
+            gemm(mma_dkv, acc_dK,
+                 cute.make_tensor(rdS.iterator, wgmma.acc_to_a_layout(rdS.layout)),
+                 tdKrQt[None, None, None, stage], False)
+            cute.arch.fence_view_async_shared()  # dS's generic-proxy writes, seen by wgmma
+            self._consumer_sync()
+            acc_dQ = cute.make_rmem_tensor(shape_dQ, cutlass.Float32)
+            gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, True)
+            warpgroup.wait_group(0)
+            if cute.arch.lane_idx() == 0:
+                cute.arch.mbarrier_arrive(mbar + bars.empty + stage)
+            self._add_dq(acc_dQ, mdQaccum, head, m_block, n_block, blocks, seqlen, batch,
+                         mCuSeqlensQ, mSemaphore, ctidx)
+            self._consumer_sync()  # every warpgroup's dQ has read dS before it is rewritten
+
+        # dS was formed from scores S = Q K^T, the logits are S * softmax_scale
+        acc_dK.store(acc_dK.load() * softmax_scale)
+        rows_k = cfg.kv_rows
+        cdK = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_k, cfg.head_dim)),
+                              (bn, dp), (n_block, 0))
+        sK_o = storage.sK.get_tensor(smem.smem_layout_o(rows_k))
+        sV_o = storage.sV.get_tensor(smem.smem_layout_o(rows_k))
+        epilogue.store_O(rows_k, acc_dK, mma_dkv, sK_o,
+                         cute.local_tile(seqlen.k_rows(mdK, batch, head_kv), (bn, dp),
+                                         (n_block, 0)), cdK, seqlen.seqlen_k, ctidx,
+                         sync=self._consumer_sync)
+        epilogue.store_O(rows_k, acc_dV, mma_dkv, sV_o,
+                         cute.local_tile(seqlen.k_rows(mdV, batch, head_kv), (bn, dp),
+                                         (n_block, 0)), cdK, seqlen.seqlen_k, ctidx,
+                         sync=self._consumer_sync)
+
+    @cute.jit
+    def _add_dq(self, acc_dQ, mdQaccum, head, m_block, n_block, blocks: QueryBlocks,
+                seqlen: SeqlenInfo, batch, mCuSeqlensQ, mSemaphore, ctidx):
+        """dQaccum's block m_block += acc_dQ: float32 vector reductions at L2, in the dQ
+        TiledMMA's register order (`layouts.bwd.dq_accum_chunk`; the postprocess reads them
+        back through the same TiledMMA). deterministic: in `_turn`'s order."""
+        cfg = self.cfg
+        vec = 4
+        chunk = bwd_layouts.dq_accum_chunk(
+            mdQaccum, 0 if cutlass.const_expr(self.varlen_q) else batch, head,
+            bwd_layouts.dq_block(m_block, batch, cfg.block_m, mCuSeqlensQ), cfg, vec)
+        lock = None
+        if cutlass.const_expr(self.deterministic):
+            lock = mSemaphore[batch, head, None].iterator + m_block
+            turn = self._turn(m_block, n_block, blocks, seqlen)
+            if ctidx == 0:
+                seen = cute.arch.load(lock, cutlass.Int32, sem="acquire", scope="gpu")
+                while seen != turn:
+                    seen = cute.arch.load(lock, cutlass.Int32, sem="acquire", scope="gpu")
+            self._consumer_sync()
+        mine = chunk[None, ctidx]
+        acc_v = cute.make_tensor(acc_dQ.iterator, cute.make_layout((vec, cute.size(acc_dQ) // vec)))
+        for r in cutlass.range(cute.size(acc_v, mode=[1]), unroll_full=True):
+            cute.arch.red(mine.iterator + r * cfg.num_threads * vec, acc_v[None, r].load(),
+                          op="add", dtype="f32", sem="relaxed", scope="gpu")
+        if cutlass.const_expr(self.deterministic):
+            self._consumer_sync()
+            if ctidx == 0:
+                cute.arch.red(lock, cutlass.Int32(1), op="add", dtype="s32", sem="release",
+                              scope="gpu")

@@ -1,0 +1,179 @@
+"""The Hopper backward's layouts (`kernels/bwd/sm90.py`): its wgmma tiles, its shared-memory
+tiles as TMA writes them, their transposed operand views, and where dS goes through shared
+memory.
+
+Per (query block, key block) pair the backward computes five products. With the keys on M
+(each consumer warpgroup owns 64 keys of the CTA's block_n; the forward puts the queries
+there):
+
+    S^T  = K Q^T      (keys x queries)   SS: A = K (key, d),   B = Q (query, d), both K-major
+    dP^T = V dO^T     (keys x queries)   SS: A = V,            B = dO
+    dV  += P^T dO     (keys x d)         RS: A = P^T, the S^T accumulator in registers;
+                                             B = dO^T (d, query), the dO tile read MN-major
+    dK  += dS^T Q     (keys x d)         RS: A = dS^T in registers; B = Q^T, MN-major
+    dQ   = dS K       (queries x d)      SS: A = dS (query, key) from shared memory, MN-major
+                                             (query contiguous); B = K^T (d, key), MN-major
+
+so P never leaves registers and dS goes through shared memory once: each warpgroup writes its
+64 keys' rows of dS^T there with stmatrix (row = key, 8 consecutive queries per 16 bytes),
+and dQ reads the whole (query, key) tile back as its A operand: dQ's warpgroups split d (each
+computes dQ's columns d_g for all block_m queries over all block_n keys), so each reads the
+rows of dS written by every warpgroup.
+"""
+
+from .config import WgmmaBwdTileConfig
+from .wgmma import WARPGROUP_THREADS, WGMMA_M
+
+
+def _dsl():
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90
+    from cutlass.cute.nvgpu import warpgroup
+
+    from ._types import cutlass_dtype
+
+    return cutlass, cute, sm90, warpgroup, cutlass_dtype
+
+
+def tiled_mma_sdp(cfg: WgmmaBwdTileConfig):
+    """S^T = K Q^T and dP^T = V dO^T: SS-wgmma 64 x block_m x 16, one atom per consumer
+    warpgroup stacked along M (the keys); A and B K-major (head_dim contiguous)."""
+    cutlass, cute, sm90, _, dt = _dsl()
+    K = cute.nvgpu.OperandMajorMode.K
+    return sm90.make_trivial_tiled_mma(dt(cfg.dtype), dt(cfg.dtype), K, K, cutlass.Float32,
+                                       atom_layout_mnk=(cfg.consumers, 1, 1),
+                                       tiler_mn=(WGMMA_M, cfg.block_m))
+
+
+def tiled_mma_dkv(cfg: WgmmaBwdTileConfig):
+    """dV += P^T dO and dK += dS^T Q: RS-wgmma 64 x head_dim_padded x 16, A from registers
+    (the S^T accumulator's own thread layout), B (dO^T, Q^T) MN-major: the tiles read in
+    place, d contiguous."""
+    cutlass, cute, sm90, warpgroup, dt = _dsl()
+    return sm90.make_trivial_tiled_mma(
+        dt(cfg.dtype), dt(cfg.dtype), cute.nvgpu.OperandMajorMode.K,
+        cute.nvgpu.OperandMajorMode.MN, cutlass.Float32,
+        atom_layout_mnk=(cfg.consumers, 1, 1), tiler_mn=(WGMMA_M, cfg.head_dim_padded),
+        a_source=warpgroup.OperandSource.RMEM)
+
+
+def tiled_mma_dq(cfg: WgmmaBwdTileConfig):
+    """dQ = dS K: SS-wgmma 64 x (head_dim_padded / consumers) x 16, the consumer warpgroups
+    side by side along N (d); A = dS MN-major (queries contiguous), B = K^T MN-major."""
+    cutlass, cute, sm90, _, dt = _dsl()
+    MN = cute.nvgpu.OperandMajorMode.MN
+    return sm90.make_trivial_tiled_mma(
+        dt(cfg.dtype), dt(cfg.dtype), MN, MN, cutlass.Float32,
+        atom_layout_mnk=(1, cfg.consumers, 1),
+        tiler_mn=(WGMMA_M, cfg.head_dim_padded // cfg.consumers))
+
+
+def _k_major(cfg: WgmmaBwdTileConfig, rows: int, stages: int = 0):
+    cutlass, cute, _, warpgroup, dt = _dsl()
+    kind = (warpgroup.SmemLayoutAtomKind.K_SW128 if cfg.smem_atom_cols == 64
+            else warpgroup.SmemLayoutAtomKind.K_SW64)
+    atom = warpgroup.make_smem_layout_atom(kind, dt(cfg.dtype))
+    if not stages:
+        return cute.tile_to_shape(atom, (rows, cfg.head_dim_padded), (0, 1))
+    return cute.tile_to_shape(atom, (rows, cfg.head_dim_padded, stages), (0, 1, 2))
+
+
+def smem_layout_q(cfg: WgmmaBwdTileConfig, stages: int = 0):
+    """(block_m, head_dim_padded[, stages]): a Q or dO stage as TMA writes it (byte-swizzled,
+    K-major), the ring with `stages`."""
+    return _k_major(cfg, cfg.block_m, stages)
+
+
+def smem_layout_kv(cfg: WgmmaBwdTileConfig):
+    """(block_n, head_dim_padded): the K or V tile as TMA writes it."""
+    return _k_major(cfg, cfg.block_n)
+
+
+def smem_layout_ds(cfg: WgmmaBwdTileConfig):
+    """(block_m, block_n): dS, queries contiguous (dQ's MN-major A operand), 128-byte
+    swizzle where block_m is a multiple of 64, else 64- or 32-byte."""
+    _, cute, _, warpgroup, dt = _dsl()
+    kind = {0: warpgroup.SmemLayoutAtomKind.MN_SW128, 32: warpgroup.SmemLayoutAtomKind.MN_SW64,
+            16: warpgroup.SmemLayoutAtomKind.MN_SW32}[
+        0 if cfg.block_m % 64 == 0 else (32 if cfg.block_m % 32 == 0 else 16)]
+    atom = warpgroup.make_smem_layout_atom(kind, dt(cfg.dtype))
+    return cute.tile_to_shape(atom, (cfg.block_m, cfg.block_n), (0, 1))
+
+
+def transposed(sX):
+    """sXt(c, r[, stage]): a tile sX(r, c[, stage]) read with its first two indices swapped,
+    in place: the MN-major operand views dO^T, Q^T, K^T, and dS^T over dS."""
+    _, cute, _, _, _ = _dsl()
+    shape = (sX.shape[1], sX.shape[0], *sX.shape[2:])
+    order = (1, 0, *range(2, cute.rank(sX)))
+    return cute.composition(sX, cute.make_ordered_layout(shape, order=order))
+
+
+def smem_tiled_copy_ds(cfg: WgmmaBwdTileConfig, tiled_sdp):
+    """stmatrix of the converted dS^T accumulator into sdS's transposed view (key, query):
+    per 8x8 block of a warp's C fragment one stmatrix matrix (lane l: key row l // 4, queries
+    2 (l % 4) and + 1), each row of 8 queries 16 contiguous bytes of the MN-major tile."""
+    _, cute, _, _, dt = _dsl()
+    from cutlass.cute.nvgpu import warp
+
+    atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                               dt(cfg.dtype))
+    return cute.make_tiled_copy_C(atom, tiled_sdp)
+
+
+def shared_storage(cfg: WgmmaBwdTileConfig, n_barriers: int):
+    """K, V, the Q and dO rings, dS, the LSE and D rows of each stage (float32) and the
+    mbarriers, each tile 1024-byte aligned (whole swizzle atoms)."""
+    cutlass, cute, _, _, dt = _dsl()
+    dtype = dt(cfg.dtype)
+    q = cute.cosize(smem_layout_q(cfg, cfg.q_stages))
+    kv = cute.cosize(smem_layout_kv(cfg))
+    ds = cute.cosize(smem_layout_ds(cfg))
+    rows = cfg.block_m * cfg.q_stages
+
+    @cute.struct
+    class BwdSm90Storage:
+        mbar: cute.struct.MemRange[cutlass.Int64, n_barriers]
+        sLSE: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, rows], 128]
+        sD: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, rows], 128]
+        sK: cute.struct.Align[cute.struct.MemRange[dtype, kv], 1024]
+        sV: cute.struct.Align[cute.struct.MemRange[dtype, kv], 1024]
+        sQ: cute.struct.Align[cute.struct.MemRange[dtype, q], 1024]
+        sdO: cute.struct.Align[cute.struct.MemRange[dtype, q], 1024]
+        sdS: cute.struct.Align[cute.struct.MemRange[dtype, ds], 1024]
+    return BwdSm90Storage
+
+
+class QBarriers:
+    """Where the Hopper backward's mbarriers sit: K and V landed (one, for the CTA's key
+    block); per stage Q full and dO full (TMA bytes; one arrival, the producer's expect_tx),
+    LSE/D full (the row loader warp's 32 lanes), and empty (one arrival per consumer warp,
+    once every product reading the stage is done)."""
+
+    def __init__(self, stages: int):
+        self.stages = stages
+
+    kv = 0
+    q_full = 1
+
+    @property
+    def do_full(self) -> int:
+        return 1 + self.stages
+
+    @property
+    def rows_full(self) -> int:
+        return 1 + 2 * self.stages
+
+    @property
+    def empty(self) -> int:
+        return 1 + 3 * self.stages
+
+    @property
+    def count(self) -> int:
+        return 1 + 4 * self.stages
+
+
+CONSUMER_REGS = {1: 256, 2: 240}  # setmaxnreg of a consumer thread per consumer count
+PRODUCER_REGS = {1: 56, 2: 24}
+THREADS = WARPGROUP_THREADS

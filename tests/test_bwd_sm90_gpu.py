@@ -1,0 +1,182 @@
+"""The Hopper (wgmma) backward, backend="sm90", on an sm90 GPU: gradients against the float64
+reference of tests/grad_reference.py with flash-attn's criterion (error at most twice torch's own
+at the input dtype plus 1e-3), over odd lengths, Sq != Sk both ways, GQA/MQA, head_dim 40-128,
+both causal alignments, windows, softcap, ragged batches with empty entries; deterministic
+mode bitwise repeatable; what it does not take raises before any launch; `auto` takes it."""
+
+import pytest
+
+from grad_reference import grads, max_err
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+import cute_fa  # noqa: E402
+
+
+def _hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+needs_sm90 = pytest.mark.skipif(not _hopper(), reason="the wgmma backward runs on sm90 only")
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)
+GRID = [
+    (1, 128, 128, 2, 2, 64),
+    (2, 177, 177, 4, 2, 64),
+    (2, 200, 333, 4, 1, 128),
+    (1, 333, 200, 8, 2, 128),
+    (1, 257, 257, 2, 2, 96),
+    (1, 300, 300, 2, 2, 40),
+    (3, 1, 77, 2, 2, 128),
+    (1, 1100, 1100, 8, 1, 128),
+]
+
+
+def _rand(*shape, dtype, gen):
+    return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)
+
+
+def _poisoned(t):
+    return torch.full_like(t, float("nan"))
+
+
+def _check(got, q, k, v, dout, **kw):
+    ref = grads(q.double(), k.double(), v.double(), dout.double(), **kw)
+    low = grads(q, k, v, dout, **kw)
+    for name, mine, r, l in zip(("dq", "dk", "dv"), got, ref[1:], low[1:]):
+        assert mine.dtype == q.dtype and mine.shape == r.shape, name
+        assert not torch.isnan(mine).any(), f"NaN in {name}"
+        err, torch_err = max_err(mine, r), max_err(l, r)
+        assert err <= 2 * torch_err + 1e-3, f"{name}: {err} vs torch {torch_err}"
+
+
+def _inputs(shape, dtype, seed):
+    b, sq, sk, hq, hk, d = shape
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = _rand(b, sq, hq, d, dtype=dtype, gen=gen)
+    k, v = (_rand(b, sk, hk, d, dtype=dtype, gen=gen) for _ in range(2))
+    return q, k, v, _rand(b, sq, hq, d, dtype=dtype, gen=gen)
+
+
+def _sm90_grads(q, k, v, dout, **kw):
+    """cute_fa.backward with backend='sm90', into poisoned dq, dk, dv."""
+    det = kw.pop("deterministic", False)
+    out, lse = cute_fa.forward(q, k, v, return_lse=True, **kw)
+    dq, dk, dv = (_poisoned(t) for t in (q, k, v))
+    return cute_fa.backward(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, backend="sm90",
+                            deterministic=det, **kw)
+
+
+@needs_sm90
+@pytest.mark.parametrize("shape", GRID, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_gradients_grid(shape, causal, dtype):
+    dtype = getattr(torch, dtype)
+    q, k, v, dout = _inputs(shape, dtype, sum(shape) + causal)
+    _check(_sm90_grads(q, k, v, dout, causal=causal), q, k, v, dout, causal=causal)
+
+
+@needs_sm90
+def test_top_left_causal():
+    """sdpa's alignment (bottom_right=False): the forward's out and lse for it from float32 torch
+    ops (the backward takes them as given)."""
+    q, k, v, dout = _inputs((2, 190, 250, 4, 2, 64), torch.float16, 3)
+    kr, vr = (t.repeat_interleave(2, dim=2).float() for t in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kr) / 8.0
+    seen = torch.arange(250, device="cuda")[None] <= torch.arange(190, device="cuda")[:, None]
+    s = s.masked_fill(~seen, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), vr).to(q.dtype)
+    got = cute_fa.backward(dout, q, k, v, out, lse.contiguous(), causal=True,
+                           bottom_right=False, backend="sm90")
+    _check(got, q, k, v, dout, causal=True, causal_offset=0)
+
+
+@needs_sm90
+@pytest.mark.parametrize("kw", [dict(window_size=(40, 0)), dict(window_size=(64, 16)),
+                                dict(softcap=20.0), dict(window_size=(30, 30), softcap=5.0)],
+                         ids=["window_causal", "window", "softcap", "window_softcap"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_window_softcap(kw, causal):
+    q, k, v, dout = _inputs((2, 300, 260, 4, 2, 128), torch.bfloat16, 11)
+    _check(_sm90_grads(q, k, v, dout, causal=causal, **kw), q, k, v, dout, causal=causal, **kw)
+
+
+@needs_sm90
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("window", [(-1, -1), (70, 0)])
+def test_varlen_gradients(deterministic, window):
+    """Empty and one-row entries, keys longer than queries, GQA: each entry against its own
+    reference, rows of q past the last entry dq = 0, keys of an entry without queries 0."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    lens_q, lens_k = [100, 1, 0, 333, 64], [150, 40, 17, 333, 64]
+    cu_q = torch.tensor([0] + [sum(lens_q[:i + 1]) for i in range(5)], device="cuda",
+                        dtype=torch.int32)
+    cu_k = torch.tensor([0] + [sum(lens_k[:i + 1]) for i in range(5)], device="cuda",
+                        dtype=torch.int32)
+    q = _rand(sum(lens_q) + 5, 4, 128, dtype=torch.bfloat16, gen=gen)
+    k, v = (_rand(sum(lens_k), 2, 128, dtype=torch.bfloat16, gen=gen) for _ in range(2))
+    dout = _rand(*q.shape, dtype=torch.bfloat16, gen=gen)
+    args = (cu_q, cu_k, max(lens_q), max(lens_k))
+    out, lse = cute_fa.forward_varlen(q, k, v, *args, causal=True, window_size=window,
+                                      return_lse=True)
+    got = cute_fa.backward_varlen(dout, q, k, v, out, lse, *args, causal=True,
+                                  window_size=window, deterministic=deterministic,
+                                  backend="sm90")
+    assert (got[0][sum(lens_q):] == 0).all()
+    for b in range(5):
+        sq, sk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        if lens_q[b] == 0:
+            assert (got[1][sk] == 0).all() and (got[2][sk] == 0).all()
+            continue
+        _check([got[0][sq][None], got[1][sk][None], got[2][sk][None]], q[sq][None],
+               k[sk][None], v[sk][None], dout[sq][None], causal=True, window_size=window)
+
+
+@needs_sm90
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 8, 128), (1, 2048, 2048, 32, 4, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_deterministic_is_bitwise_repeatable(causal, shape):
+    """Three runs, bitwise equal; the second shape has more key blocks x heads than SMs."""
+    q, k, v, dout = _inputs(shape, torch.bfloat16, 9)
+    runs = [_sm90_grads(q, k, v, dout, causal=causal, deterministic=True) for _ in range(3)]
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+    _check(runs[0], q, k, v, dout, causal=causal)
+
+
+@needs_sm90
+def test_strided_inputs():
+    """q, k, v, dout as views of packed qkv / wider tensors (head stride != head_dim)."""
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    qkv = _rand(2, 230, 3, 4, 64, dtype=torch.bfloat16, gen=gen)
+    q, k, v = qkv.unbind(2)
+    dout = _rand(2, 230, 4, 96, dtype=torch.bfloat16, gen=gen)[..., :64]
+    _check(_sm90_grads(q, k, v, dout, causal=True), q, k, v, dout, causal=True)
+
+
+@needs_sm90
+def test_head_dim_past_128_raises_before_launch():
+    q, k, v, dout = _inputs((1, 64, 64, 2, 2, 192), torch.bfloat16, 1)
+    out, lse = cute_fa.forward(q, k, v, return_lse=True)
+    dq = _poisoned(q)
+    with pytest.raises(ValueError, match="head_dim up to 128"):
+        cute_fa.backward(dout, q, k, v, out, lse, dq=dq, backend="sm90")
+    assert torch.isnan(dq).all()
+
+
+@needs_sm90
+@pytest.mark.parametrize("head_dim, expected", [(64, "bwd_sm90"), (128, "bwd_sm90"),
+                                                (256, "bwd_sm80")])
+def test_auto_takes_the_wgmma_backward(head_dim, expected):
+    from cute_fa.runtime.device import device
+    from cute_fa.runtime.plan import plan
+
+    q, k, v, dout = _inputs((1, 64, 64, 2, 2, head_dim), torch.bfloat16, 1)
+    out, lse = cute_fa.forward(q, k, v, return_lse=True)
+    from cute_fa.api.checks import check_backward
+    call = check_backward("dense", dout, q, k, v, out, lse)
+    assert plan(call, device(0)).keys[1].backend == expected

@@ -1,0 +1,94 @@
+"""The Hopper backward's fragments per thread (`cute_fa.explain.WgmmaBwdLayouts`, read from the
+layout objects the kernel builds) against coordinates computed here by hand from the PTX ISA's
+wgmma figure for the m64nNk16 accumulator D (f32): in a warpgroup, thread t of warp w = t // 32,
+lane l = t % 32 holds, for register i = 0 ... N/2 - 1,
+
+    row = 16 w + l // 4 + 8 ((i // 2) % 2),   col = 8 (i // 4) + 2 (l % 4) + i % 2,
+
+and the RS-wgmma's A fragment (m64k16, 16-bit) for register j = 0 ... 7 of a k-step,
+
+    row = 16 w + l // 4 + 8 ((j // 2) % 2),   col = 2 (l % 4) + j % 2 + 8 (j // 4).
+"""
+
+import numpy as np
+import pytest
+
+from cute_fa.explain import WgmmaBwdLayouts
+from cute_fa.layouts.config import WgmmaBwdTileConfig
+from cute_fa.tuning import bwd_sm90_tile
+
+
+def _d_fragment(t: int, n: int) -> np.ndarray:
+    w, lane = (t % 128) // 32, t % 32
+    return np.array([(16 * w + lane // 4 + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * (lane % 4) + i % 2)
+                     for i in range(n // 2)])
+
+
+def _a_fragment(t: int) -> np.ndarray:
+    w, lane = (t % 128) // 32, t % 32
+    return np.array([(16 * w + lane // 4 + 8 * ((j // 2) % 2), 2 * (lane % 4) + j % 2 + 8 * (j // 4))
+                     for j in range(8)])
+
+
+TILES = [bwd_sm90_tile("bfloat16", 128), bwd_sm90_tile("bfloat16", 64)]
+
+
+@pytest.fixture(scope="module", params=TILES, ids=lambda c: f"d{c.head_dim}_m{c.block_m}")
+def layouts(request):
+    return WgmmaBwdLayouts(request.param)
+
+
+@pytest.mark.parametrize("tid", [0, 1, 5, 37, 100, 127, 128, 131, 200, 255])
+def test_scores_are_the_isa_fragment_on_the_keys(layouts, tid):
+    """S^T (keys x queries): warpgroup g's atom starts at key 64 g; N = block_m queries."""
+    cfg = layouts.cfg
+    expected = _d_fragment(tid, cfg.block_m) + np.array([64 * (tid // 128), 0])
+    assert (layouts.scores(tid) == expected).all()
+
+
+@pytest.mark.parametrize("tid", [0, 37, 128, 255])
+def test_dk_dv_are_the_isa_fragment(layouts, tid):
+    """dK, dV (keys x d): one atom of N = head_dim_padded per warpgroup, keys from 64 g."""
+    cfg = layouts.cfg
+    expected = _d_fragment(tid, cfg.head_dim_padded) + np.array([64 * (tid // 128), 0])
+    assert (layouts.grads_kv(tid) == expected).all()
+
+
+@pytest.mark.parametrize("tid", [0, 37, 128, 255])
+def test_dq_splits_the_columns_between_warpgroups(layouts, tid):
+    """dQ (queries x d): warpgroup g takes columns g * d/2 ...; block_m / 64 atoms along M."""
+    cfg = layouts.cfg
+    half = cfg.head_dim_padded // 2
+    one = _d_fragment(tid, half) + np.array([0, half * (tid // 128)])
+    expected = np.concatenate([one + np.array([64 * m, 0]) for m in range(cfg.block_m // 64)])
+    assert (layouts.grad_q(tid) == expected).all()
+
+
+@pytest.mark.parametrize("tid", [0, 9, 130, 255])
+def test_p_is_the_a_operand_of_dv_in_place(layouts, tid):
+    """P^T through acc_to_a_layout is the ISA's A fragment at every k-step (k = 16 queries):
+    the S^T registers feed dV += P^T dO with no lane exchange."""
+    cfg = layouts.cfg
+    a = layouts.tables["Pt_A"][tid].reshape(cfg.block_m // 16, 8, 2)
+    for s in range(cfg.block_m // 16):
+        expected = _a_fragment(tid) + np.array([64 * (tid // 128), 16 * s])
+        assert (a[s] == expected).all(), s
+
+
+def test_every_score_has_one_owner(layouts):
+    cfg = layouts.cfg
+    pairs = layouts.tables["St"].reshape(-1, 2)
+    assert len({tuple(p) for p in pairs}) == cfg.block_n * cfg.block_m == len(pairs)
+
+
+def test_roles_and_text(layouts):
+    assert layouts.role(0).startswith("TMA producer")
+    assert layouts.role(1).startswith("row loader")
+    assert "keys 64-127" in layouts.role(8)
+    text = layouts.describe(130)
+    assert "warpgroup 1" in text and "keys 64, 72" in text
+    with pytest.raises(ValueError, match="tid must be in"):
+        layouts.describe(256)
+    with pytest.raises(TypeError, match="WgmmaBwdTileConfig"):
+        WgmmaBwdLayouts(object())
+    assert isinstance(layouts.cfg, WgmmaBwdTileConfig)

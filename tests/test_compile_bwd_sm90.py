@@ -1,0 +1,129 @@
+"""The Hopper (wgmma) backward compiles for sm_90a in every shipped configuration: wgmma for its
+five products (S^T, dP^T and dQ from shared memory, dV and dK with their A operand in
+registers), TMA loads of K, V, Q and dO, setmaxnreg between the producer and the consumer
+warpgroups, stmatrix of dS, vector float32 reductions of dQ; spills within
+tuning.BWD_SM90_SPILL_BUDGET and shared memory within sm90's; `precompile(backward=True)`
+plans it for an sm90 GPU. It takes nothing but sm90 and head_dim up to 128."""
+
+import re
+from collections import Counter
+
+import pytest
+
+from cute_fa.compile.build import compile_kernel
+from cute_fa.compile.keys import BwdSm90Key
+from cute_fa.compile.ptxas import ptxas_resources
+from cute_fa.layouts.config import WgmmaBwdTileConfig
+from cute_fa.tuning import (BWD_SM90_SPILL_BUDGET, BWD_SM90_TILES, SMEM_BYTES, bwd_backend,
+                            bwd_keys, bwd_sm90_tile)
+
+ARCH = "sm_90a"
+
+
+def _ptx(key) -> str:
+    ptx = compile_kernel(key, keep_ptx=True).__ptx__
+    assert re.search(rf"^\.target {ARCH}\b", ptx, re.M)
+    mma = "bf16" if key.tile.dtype == "bfloat16" else "f16"
+    gemms = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.{mma}\.{mma}", ptx)
+    cfg = key.tile
+    dp, bm, bn = cfg.head_dim_padded, cfg.block_m, cfg.block_n
+    # per query block: S^T and dP^T (n = block_m, head_dim / 16 k-steps each), dV and dK
+    # (n = head_dim, block_m / 16 each), dQ (n = head_dim / consumers, block_n / 16 per 64
+    # queries)
+    expected = Counter()
+    expected[str(bm)] += 2 * dp // 16
+    expected[str(dp)] += 2 * bm // 16
+    expected[str(dp // cfg.consumers)] += (bm // 64) * bn // 16  # dQ: block_m / 64 rows of atoms
+    counts = Counter(gemms)
+    assert counts == expected, counts
+    assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::\w+\.global\.tile\.mbarrier", ptx)
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
+    assert "stmatrix.sync.aligned" in ptx
+    assert re.search(r"red\.relaxed\.gpu\.global\.add\.v4\.f32", ptx)
+    assert "mma.sync" not in ptx and "ldmatrix" not in ptx
+    res = ptxas_resources(ptx, ARCH)
+    assert res["spill_stores"] <= BWD_SM90_SPILL_BUDGET, res["log"]
+    assert res["spill_loads"] <= BWD_SM90_SPILL_BUDGET, res["log"]
+    return ptx
+
+
+@pytest.mark.parametrize("head_dim", sorted(BWD_SM90_TILES))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_shipped_tiles_compile(head_dim, dtype, causal):
+    _, key, post = bwd_keys(ARCH, dtype, head_dim, causal)
+    assert isinstance(key, BwdSm90Key) and post.tile == key.tile
+    assert key.tile.smem_bytes() <= SMEM_BYTES[ARCH]
+    ptx = _ptx(key)
+    assert "ex2.approx" in ptx and "ld.acquire" not in ptx
+
+
+@pytest.mark.parametrize("feature", ["local", "softcap", "varlen", "deterministic"])
+def test_features_compile(feature):
+    _, key, _ = bwd_keys(ARCH, "bfloat16", 128, True, **{feature: True})
+    ptx = _ptx(key)
+    if feature == "softcap":
+        assert "tanh.approx.f32" in ptx
+    assert ("ld.acquire.gpu" in ptx) == (feature == "deterministic")
+    if feature == "deterministic":
+        assert re.search(r"red\.release\.gpu\.global\.add\.(s|u)32", ptx)
+
+
+def test_postprocess_reads_the_wgmma_order():
+    """dQ's conversion of the wgmma kernel's sums compiles with its 256 threads, no spills."""
+    _, _, post = bwd_keys(ARCH, "bfloat16", 96, False, varlen=True)
+    ptx = compile_kernel(post, keep_ptx=True).__ptx__
+    assert "st.global.v4" in ptx and "mma" not in ptx
+    assert ptxas_resources(ptx, ARCH)["spill_stores"] == 0
+
+
+@pytest.mark.parametrize("head_dim", [40, 64, 96, 128])
+def test_head_dims_pad_to_whole_atoms(head_dim):
+    cfg = bwd_sm90_tile("bfloat16", head_dim)
+    assert cfg.head_dim_padded % 64 == 0 and cfg.head_dim_padded - head_dim < 64
+    assert cfg.q_rows.head_dim_padded == cfg.kv_rows.head_dim_padded == cfg.head_dim_padded
+
+
+def test_auto_and_its_limits():
+    assert bwd_backend(ARCH, "bfloat16", 128) == "sm90"
+    assert bwd_backend(ARCH, "bfloat16", 192) == "sm80"
+    assert bwd_backend("sm_80", "bfloat16", 64) == "sm80"
+    assert bwd_backend("sm_120a", "bfloat16", 64) == "sm80"
+    with pytest.raises(ValueError, match="runs on sm90 only"):
+        bwd_backend("sm_80", "bfloat16", 64, "sm90")
+    with pytest.raises(ValueError, match="head_dim up to 128"):
+        bwd_backend(ARCH, "bfloat16", 256, "sm90")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        bwd_backend(ARCH, "bfloat16", 64, "wgmma")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(consumers=3), "consumers must be 1 or 2"),
+    (dict(block_m=24), "block_m must be a multiple of 16"),
+    (dict(q_stages=1), "q_stages must be 2 or 3"),
+    (dict(head_dim=100), "multiple of 8"),
+])
+def test_tile_config_errors(kwargs, match):
+    base = dict(head_dim=128, block_m=64, consumers=2, dtype="bfloat16", q_stages=2)
+    base.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        WgmmaBwdTileConfig(**base)
+
+
+def test_precompile_plans_it_for_sm90():
+    """precompile(backward=True, arch='sm_90a')'s plans: the wgmma kernel up to head_dim 128,
+    the mma.sync one past it."""
+    from cute_fa.api.precompile import calls
+    from cute_fa.runtime.device import stand_in
+    from cute_fa.runtime.plan import plan
+
+    import torch
+
+    target = stand_in(ARCH)
+    planned = [plan(c, target, compile=False) for c in calls(
+        (64, 128, 256), (torch.bfloat16,), (False, True), "auto", (), (),
+        [(False, False, False)], True, target.index)]
+    main = {k.tile.head_dim: k.backend for p in planned for k in p.kernel_keys()
+            if k.backend.startswith("bwd_sm")}
+    assert main == {64: "bwd_sm90", 128: "bwd_sm90", 256: "bwd_sm80"}
