@@ -277,3 +277,57 @@ def test_a_good_out_under_torch_compile_is_filled_by_the_op():
     targets = [str(n.target) for n in graphs[0].graph.nodes]
     assert "cute_fa.fwd.default" in targets
     assert any(t.startswith("aten.copy") for t in targets), targets
+
+
+@pytest.mark.parametrize("head_dim,backend,expected", [
+    (128, "auto", "bwd_sm90"), (64, "sm90", "bwd_sm90"), (128, "sm80", "bwd_sm80"),
+    (192, "auto", "bwd_sm80")])
+def test_backend_picks_the_main_kernel(launches, head_dim, backend, expected):
+    """On an sm90 GPU (stood in), auto takes the wgmma backward up to head_dim 128; the three
+    launches pass the registered arguments, and dq's float32 sums are sized by the main
+    kernel's tile (the wgmma one pads head_dim to 64)."""
+    from launch_recording import named_arguments
+
+    recorded, _ = launches
+    bf16 = torch.bfloat16
+    q, out, dout = (torch.randn(2, 300, 4, head_dim, dtype=bf16) for _ in range(3))
+    k = torch.randn(2, 300, 2, head_dim, dtype=bf16)
+    lse = torch.randn(2, 4, 300)
+    backward(dout, q, k, k, out, lse, True, backend=backend)
+    keys = [key for key, _ in recorded]
+    assert [key.backend for key in keys] == ["bwd_pre", expected, "bwd_post"]
+    main, args = recorded[1]
+    named = named_arguments(main, args)
+    tile = main.tile
+    blocks = -(-300 // tile.block_m)
+    assert named["dq_accum"].shape == (2, 4, blocks * tile.block_m * tile.head_dim_padded)
+    assert keys[2].tile == tile
+
+
+@pytest.mark.parametrize("arch,head_dim,match", [
+    ("sm_90a", 192, "head_dim up to 128"), ("sm_80", 64, "runs on sm90 only"),
+    ("sm_120a", 64, "runs on sm90 only")])
+def test_sm90_backend_refused_before_any_launch(launches, monkeypatch, arch, head_dim, match):
+    from cute_fa.runtime import device
+
+    recorded, _ = launches
+    monkeypatch.setitem(device.DEVICES, -1, device.stand_in(arch, 132))
+    bf16 = torch.bfloat16
+    q, out, dout = (torch.randn(1, 64, 2, head_dim, dtype=bf16) for _ in range(3))
+    lse = torch.randn(1, 2, 64)
+    dq = torch.full_like(q, 7.0)
+    with pytest.raises(ValueError, match=match):
+        backward(dout, q, q, q, out, lse, dq=dq, backend="sm90")
+    assert recorded == [] and (dq == 7.0).all()
+
+
+def test_backend_must_be_a_known_name():
+    args = [_cpu(1, 64, 2, 64), _cpu(1, 64, 2, 64), _cpu(1, 80, 1, 64), _cpu(1, 80, 1, 64),
+            _cpu(1, 64, 2, 64), _cpu(1, 2, 64, dtype=torch.float32)]
+    with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'sm80', 'sm90'\) "
+                                         r"for the backward, got 'wgmma'"):
+        backward(*args, backend="wgmma")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        backward_varlen(args[0][0], args[1][0], args[2][0], args[3][0], args[4][0],
+                        args[5][0], torch.tensor([0, 64], dtype=torch.int32),
+                        torch.tensor([0, 80], dtype=torch.int32), 64, 80, backend="wgmma")
