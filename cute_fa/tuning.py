@@ -558,6 +558,15 @@ BWD_SM90_SPILL_BUDGET = 192
 BWD_BACKENDS = ("auto", "sm80", "sm90")
 
 
+def check_bwd_backend(backend) -> str:
+    """`backend` if it is one of BWD_BACKENDS; the one rule the backward's entry points and
+    `bwd_backend` check it by."""
+    if not isinstance(backend, str) or backend not in BWD_BACKENDS:
+        raise ValueError(f"backend must be one of {BWD_BACKENDS} for the backward, got "
+                         f"{backend!r}")
+    return backend
+
+
 def bwd_sm90_tile(dtype: str, head_dim: int) -> WgmmaBwdTileConfig | None:
     """The Hopper backward's tile for head_dim, or None where it has none (head_dim > 128: dK
     and dV of 64 keys per warpgroup would not fit its registers)."""
@@ -573,8 +582,7 @@ def bwd_backend(arch: str, dtype: str, head_dim: int, backend: str = "auto") -> 
     sm90 wherever it has a tile (head_dim up to 128): on the H200 it ran 1.2x-1.6x the
     mma.sync kernel on every shape measured, default and deterministic
     (docs/perf/2026-12-02-h200-bwd-sm90)."""
-    if backend not in BWD_BACKENDS:
-        raise ValueError(f"backend must be one of {BWD_BACKENDS}, got {backend!r}")
+    check_bwd_backend(backend)
     if backend == "sm90":
         if Arch.of_name(arch).major != 9:
             raise ValueError(f"backend='sm90' (the wgmma backward) runs on sm90 only, not "

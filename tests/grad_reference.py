@@ -60,3 +60,16 @@ def grads(q, k, v, dout, **kw):
 
 def max_err(x, ref) -> float:
     return (x.double() - ref.double()).abs().max().item()
+
+
+def check_grads(got, q, k, v, dout, **kw):
+    """flash-attn's criterion for got = (dq, dk, dv): each one's error against the float64
+    reference at most twice torch's own error (the same reference ops run in q's dtype) plus
+    1e-3, in q's dtype and shape, without NaN."""
+    ref = grads(q.double(), k.double(), v.double(), dout.double(), **kw)
+    low = grads(q, k, v, dout, **kw)
+    for name, mine, r, l in zip(("dq", "dk", "dv"), got, ref[1:], low[1:]):
+        assert mine.dtype == q.dtype and mine.shape == r.shape, name
+        assert not torch.isnan(mine).any(), f"NaN in {name}"
+        err, torch_err = max_err(mine, r), max_err(l, r)
+        assert err <= 2 * torch_err + 1e-3, f"{name}: {err} vs torch {torch_err}"

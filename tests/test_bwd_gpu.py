@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from grad_reference import grads, max_err
+from grad_reference import check_grads
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -41,17 +41,6 @@ def _rand(*shape, dtype, gen, requires_grad=False):
     return t.requires_grad_(requires_grad)
 
 
-def _check_grads(got, q, k, v, dout, **kw):
-    """got: (dq, dk, dv) of cute_fa; the reference's at float64 and torch's own at q's dtype."""
-    ref = grads(q.double(), k.double(), v.double(), dout.double(), **kw)
-    low = grads(q, k, v, dout, **kw)
-    for name, mine, r, l in zip(("dq", "dk", "dv"), got, ref[1:], low[1:]):
-        assert mine.dtype == q.dtype and mine.shape == r.shape, name
-        assert not torch.isnan(mine).any(), f"NaN in {name}"
-        err, torch_err = max_err(mine, r), max_err(l, r)
-        assert err <= 2 * torch_err + 1e-3, f"{name}: {err} vs torch {torch_err}"
-
-
 def _autograd(fn, q, k, v, dout):
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     out = fn(q, k, v)
@@ -71,7 +60,7 @@ def test_gradients_grid(shape, causal, dtype):
                for s, h in ((sq, hq), (sk, hk), (sk, hk)))
     dout = _rand(b, sq, hq, d, dtype=dtype, gen=gen)
     got = _autograd(lambda q, k, v: cute_fa.forward(q, k, v, causal=causal), q, k, v, dout)
-    _check_grads(got, q, k, v, dout, causal=causal)
+    check_grads(got, q, k, v, dout, causal=causal)
 
 
 @pytest.mark.parametrize("tile_arch", ["sm_86", "sm_120a"])
@@ -83,7 +72,7 @@ def test_gradients_other_arch_tiles(tile_arch, head_dim):
                      for _ in range(4))
     with tiles_of(tile_arch):
         got = _autograd(lambda q, k, v: cute_fa.forward(q, k, v, causal=True), q, k, v, dout)
-    _check_grads(got, q, k, v, dout, causal=True)
+    check_grads(got, q, k, v, dout, causal=True)
 
 
 def test_strided_inputs():
@@ -97,7 +86,7 @@ def test_strided_inputs():
     out = cute_fa.forward(*qkv_leaf.unbind(2), causal=True)
     out.backward(dout)
     got = qkv_leaf.grad.unbind(2)
-    _check_grads(got, q, k, v, dout, causal=True)
+    check_grads(got, q, k, v, dout, causal=True)
 
 
 @pytest.mark.parametrize("kw", [dict(window_size=(40, 0)), dict(window_size=(64, 16)),
@@ -110,7 +99,7 @@ def test_gradients_window_softcap(kw, causal):
     k, v = (_rand(2, 260, 2, 128, dtype=torch.bfloat16, gen=gen) for _ in range(2))
     dout = _rand(2, 300, 4, 128, dtype=torch.bfloat16, gen=gen)
     got = _autograd(lambda q, k, v: cute_fa.forward(q, k, v, causal=causal, **kw), q, k, v, dout)
-    _check_grads(got, q, k, v, dout, causal=causal, **kw)
+    check_grads(got, q, k, v, dout, causal=causal, **kw)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -122,7 +111,7 @@ def test_sdpa_gradients(causal):
     dout = _rand(2, 4, 190, 64, dtype=torch.float16, gen=gen)
     got = _autograd(lambda q, k, v: cute_fa.sdpa(q, k, v, is_causal=causal), q, k, v, dout)
     t = lambda x: x.transpose(1, 2)  # noqa: E731
-    _check_grads([t(g) for g in got], t(q), t(k), t(v), t(dout), causal=causal,
+    check_grads([t(g) for g in got], t(q), t(k), t(v), t(dout), causal=causal,
                  causal_offset=0)
 
 
@@ -149,7 +138,7 @@ def test_varlen_gradients(deterministic, window):
         if lens_q[b] == 0:
             assert (got[1][sk] == 0).all() and (got[2][sk] == 0).all()
             continue
-        _check_grads([got[0][sq][None], got[1][sk][None], got[2][sk][None]], q[sq][None],
+        check_grads([got[0][sq][None], got[1][sk][None], got[2][sk][None]], q[sq][None],
                      k[sk][None], v[sk][None], dout[sq][None], causal=True, window_size=window)
 
 
@@ -169,7 +158,7 @@ def test_deterministic_is_bitwise_repeatable(causal):
     finally:
         torch.use_deterministic_algorithms(False)
     assert all(torch.equal(a, b) for a, b in zip(runs[0], again))
-    _check_grads(runs[0], q, k, v, dout, causal=causal)
+    check_grads(runs[0], q, k, v, dout, causal=causal)
 
 
 def test_bad_dout_raises_before_launch():

@@ -6,7 +6,7 @@ mode bitwise repeatable; what it does not take raises before any launch; `auto` 
 
 import pytest
 
-from grad_reference import grads, max_err
+from grad_reference import check_grads
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
@@ -41,16 +41,6 @@ def _poisoned(t):
     return torch.full_like(t, float("nan"))
 
 
-def _check(got, q, k, v, dout, **kw):
-    ref = grads(q.double(), k.double(), v.double(), dout.double(), **kw)
-    low = grads(q, k, v, dout, **kw)
-    for name, mine, r, l in zip(("dq", "dk", "dv"), got, ref[1:], low[1:]):
-        assert mine.dtype == q.dtype and mine.shape == r.shape, name
-        assert not torch.isnan(mine).any(), f"NaN in {name}"
-        err, torch_err = max_err(mine, r), max_err(l, r)
-        assert err <= 2 * torch_err + 1e-3, f"{name}: {err} vs torch {torch_err}"
-
-
 def _inputs(shape, dtype, seed):
     b, sq, sk, hq, hk, d = shape
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -75,7 +65,7 @@ def _sm90_grads(q, k, v, dout, **kw):
 def test_gradients_grid(shape, causal, dtype):
     dtype = getattr(torch, dtype)
     q, k, v, dout = _inputs(shape, dtype, sum(shape) + causal)
-    _check(_sm90_grads(q, k, v, dout, causal=causal), q, k, v, dout, causal=causal)
+    check_grads(_sm90_grads(q, k, v, dout, causal=causal), q, k, v, dout, causal=causal)
 
 
 @needs_sm90
@@ -91,7 +81,7 @@ def test_top_left_causal():
     out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), vr).to(q.dtype)
     got = cute_fa.backward(dout, q, k, v, out, lse.contiguous(), causal=True,
                            bottom_right=False, backend="sm90")
-    _check(got, q, k, v, dout, causal=True, causal_offset=0)
+    check_grads(got, q, k, v, dout, causal=True, causal_offset=0)
 
 
 @needs_sm90
@@ -101,7 +91,7 @@ def test_top_left_causal():
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients_window_softcap(kw, causal):
     q, k, v, dout = _inputs((2, 300, 260, 4, 2, 128), torch.bfloat16, 11)
-    _check(_sm90_grads(q, k, v, dout, causal=causal, **kw), q, k, v, dout, causal=causal, **kw)
+    check_grads(_sm90_grads(q, k, v, dout, causal=causal, **kw), q, k, v, dout, causal=causal, **kw)
 
 
 @needs_sm90
@@ -131,7 +121,7 @@ def test_varlen_gradients(deterministic, window):
         if lens_q[b] == 0:
             assert (got[1][sk] == 0).all() and (got[2][sk] == 0).all()
             continue
-        _check([got[0][sq][None], got[1][sk][None], got[2][sk][None]], q[sq][None],
+        check_grads([got[0][sq][None], got[1][sk][None], got[2][sk][None]], q[sq][None],
                k[sk][None], v[sk][None], dout[sq][None], causal=True, window_size=window)
 
 
@@ -145,7 +135,7 @@ def test_deterministic_is_bitwise_repeatable(causal, shape):
     runs = [_sm90_grads(q, k, v, dout, causal=causal, deterministic=True) for _ in range(3)]
     for other in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
-    _check(runs[0], q, k, v, dout, causal=causal)
+    check_grads(runs[0], q, k, v, dout, causal=causal)
 
 
 @needs_sm90
@@ -155,7 +145,7 @@ def test_strided_inputs():
     qkv = _rand(2, 230, 3, 4, 64, dtype=torch.bfloat16, gen=gen)
     q, k, v = qkv.unbind(2)
     dout = _rand(2, 230, 4, 96, dtype=torch.bfloat16, gen=gen)[..., :64]
-    _check(_sm90_grads(q, k, v, dout, causal=True), q, k, v, dout, causal=True)
+    check_grads(_sm90_grads(q, k, v, dout, causal=True), q, k, v, dout, causal=True)
 
 
 @needs_sm90

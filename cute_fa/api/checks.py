@@ -24,8 +24,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..layouts.config import check_head_dim
 from ..runtime.call import (DENSE, FAR_LEFT, NO_WINDOW, PLAIN, RAGGED, AttentionCall,
                             BackwardCall, MergeCall, ScoreFeatures, backward_of)
-from ..tuning import (BACKENDS, BWD_BACKENDS, MAX_PAGE_SIZE, MAX_SEQLEN_Q, MAX_SPLITS, PREFILL_ONLY,
-                      check_backend, supported_page_size)
+from ..tuning import (BACKENDS, MAX_PAGE_SIZE, MAX_SEQLEN_Q, MAX_SPLITS, PREFILL_ONLY,
+                      check_backend, check_bwd_backend, supported_page_size)
 
 DTYPES = (torch.float16, torch.bfloat16)
 
@@ -500,9 +500,7 @@ def check_backward(layout: str, dout, q, k, v, out, lse, *, causal=False, softma
     dv: every shape and dtype first, then every layout and device. backend: the main
     kernel's, "auto", "sm80" or "sm90" (whether the GPU and head_dim take it is the plan's
     check, before any launch)."""
-    if backend not in BWD_BACKENDS:
-        raise ValueError(f"backend must be one of {BWD_BACKENDS} for the backward, got "
-                         f"{backend!r}")
+    check_bwd_backend(backend)
     ragged = layout == RAGGED
     q_layout = _LAYOUTS[layout]
     rank = 3 if ragged else 4

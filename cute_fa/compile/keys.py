@@ -109,6 +109,15 @@ class MergeKey:
 
 
 
+def _check_backward_key(key: KernelKey, tile_type: type) -> None:
+    """What every backward main kernel's key must hold: a tile of its kernel's type, and no
+    lpt (the backward's CTAs own key blocks)."""
+    if not isinstance(key.tile, tile_type):
+        raise TypeError(f"tile must be a {tile_type.__name__}, got {type(key.tile).__name__}")
+    if key.lpt:
+        raise ValueError("lpt orders query blocks; the backward's CTAs own key blocks")
+
+
 @dataclass(frozen=True)
 class BwdKey(KernelKey):
     """What one compiled backward kernel (`kernels/bwd/sm80.py`) depends on: the forward's score
@@ -121,10 +130,7 @@ class BwdKey(KernelKey):
     backend: ClassVar[str] = "bwd_sm80"
 
     def __post_init__(self):
-        if not isinstance(self.tile, BwdTileConfig):
-            raise TypeError(f"tile must be a BwdTileConfig, got {type(self.tile).__name__}")
-        if self.lpt:
-            raise ValueError("lpt orders query blocks; the backward's CTAs own key blocks")
+        _check_backward_key(self, BwdTileConfig)
 
 
 @dataclass(frozen=True)
@@ -137,10 +143,7 @@ class BwdSm90Key(KernelKey):
     backend: ClassVar[str] = "bwd_sm90"
 
     def __post_init__(self):
-        if not isinstance(self.tile, WgmmaBwdTileConfig):
-            raise TypeError(f"tile must be a WgmmaBwdTileConfig, got {type(self.tile).__name__}")
-        if self.lpt:
-            raise ValueError("lpt orders query blocks; the backward's CTAs own key blocks")
+        _check_backward_key(self, WgmmaBwdTileConfig)
 
 
 @dataclass(frozen=True)

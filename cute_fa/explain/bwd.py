@@ -27,7 +27,7 @@ import functools
 import numpy as np
 
 from ..layouts.config import WARP_SIZE, BwdTileConfig
-from .introspect import check_tid, fmt_ranges, join_and
+from .introspect import check_tid, fmt_ranges, join_and, trace_builders
 
 PRODUCTS = ("sdp", "dkv", "dq")
 OPERANDS = ("A", "B")
@@ -135,14 +135,7 @@ def _collect(cfg: BwdTileConfig) -> dict:
         out["layouts"].update({f"smem_{name}": str(v) for name, v in
                                (("Q", sQ), ("KV", sKV), ("PS", sPS), ("Pt", views["dkv", "A"]))})
 
-    @cute.jit
-    def trace():
-        read_all()
-
-    trace()
-    if "tables" not in out:
-        raise RuntimeError("the DSL did not trace the builders (a cached compile?)")
-    return out
+    return trace_builders(read_all, out)
 
 
 @functools.lru_cache(maxsize=8)

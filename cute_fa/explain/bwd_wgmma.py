@@ -22,7 +22,7 @@ import numpy as np
 
 from ..layouts import bwd_wgmma, wgmma
 from ..layouts.config import WARP_SIZE, WgmmaBwdTileConfig
-from .introspect import check_tid, fmt_ranges
+from .introspect import check_tid, fmt_ranges, trace_builders
 
 ARCH = "sm_90a"
 ROLES = {0: "TMA producer: K and V once, then Q and dO of every step",
@@ -63,14 +63,7 @@ def _collect(cfg: WgmmaBwdTileConfig) -> dict:
                           "Pt_view": str(a_layout),
                           "sdS": str(bwd_wgmma.smem_layout_ds(cfg))}
 
-    @cute.jit
-    def trace():
-        read_all()
-
-    cute.compile(trace, options=f"--gpu-arch={ARCH}")
-    if "tables" not in out:
-        raise RuntimeError("the DSL did not trace the builders (a cached compile?)")
-    return out
+    return trace_builders(read_all, out, ARCH)  # the wgmma builders check the target
 
 
 @functools.lru_cache(maxsize=8)
@@ -97,7 +90,7 @@ class WgmmaBwdLayouts:
 
     def role(self, warp: int) -> str:
         """The role of CTA warp `warp` (0-3: the producer warpgroup; then the consumers)."""
-        n_warps = (self.cfg.num_threads + 128) // WARP_SIZE
+        n_warps = wgmma.WarpRoles(self.cfg.consumers).threads // WARP_SIZE
         if not 0 <= warp < n_warps:
             raise ValueError(f"warp must be in [0, {n_warps}), got {warp}")
         if warp < 4:

@@ -140,11 +140,26 @@ def _collect(cfg: TileConfig) -> dict:
              for r in range(bn)], dtype=np.int64,
         )
 
+    return trace_builders(read_all, out)
+
+
+def trace_builders(read_all, out: dict, arch: str | None = None) -> dict:
+    """Run read_all() inside a traced @cute.jit function, where the layout builders must be
+    called (nothing runs on a GPU), and return `out`, which it fills. arch: the target to name
+    for this compile where the builders check it (the wgmma ones), rather than through
+    CUTE_DSL_ARCH, which the DSL reads once, at import; None: the default target."""
+    import cutlass.cute as cute
+
     @cute.jit
     def trace():
         read_all()
 
-    trace()
+    if arch is None:
+        trace()
+    else:
+        cute.compile(trace, options=f"--gpu-arch={arch}")
+    if "tables" not in out:
+        raise RuntimeError("the DSL did not trace the builders (a cached compile?)")
     return out
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from ..layouts import wgmma
 from ..layouts.config import WARP_SIZE, TileConfig
 from ..layouts.ring import ring_slot
-from .introspect import fmt_ranges, join_and
+from .introspect import fmt_ranges, join_and, trace_builders
 
 REGISTER_FILE = 65536  # 32-bit registers per SM, all of which one CTA may take
 DESC_UNIT = 16  # a wgmma smem descriptor addresses in 16-byte units (start address >> 4)
@@ -113,7 +113,7 @@ def _collect(cfg: TileConfig, stages: int) -> dict:
         descs = {
             "Q": wg_qk.make_fragment_A(wg_qk.partition_A(smem_tensor(sQ_l))),
             "K": wg_qk.make_fragment_B(wg_qk.partition_B(smem_tensor(sKV_l))),
-            "Vt": wg_pv.make_fragment_B(wg_pv.partition_B(wgmma.transposed_v(smem_tensor(sKV_l)))),
+            "Vt": wg_pv.make_fragment_B(wg_pv.partition_B(wgmma.transposed(smem_tensor(sKV_l)))),
         }
         out["descriptors"] = {}
         for name, frag in descs.items():
@@ -124,16 +124,7 @@ def _collect(cfg: TileConfig, stages: int) -> dict:
                 k_steps=steps[:n_steps],
                 stages=steps[::n_steps] if name != "Q" else steps[:1])
 
-    @cute.jit
-    def trace():
-        read_all()
-
-    # the wgmma builders check the target: name it for this compile (nothing runs, no GPU
-    # needed) rather than through CUTE_DSL_ARCH, which the DSL reads once, at import
-    cute.compile(trace, options=f"--gpu-arch={ARCH}")
-    if "tables" not in out:
-        raise RuntimeError("the DSL did not trace the builders (a cached compile?)")
-    return out
+    return trace_builders(read_all, out, ARCH)  # the wgmma builders check the target
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,6 +1,7 @@
-"""The Hopper backward's layouts (`kernels/bwd/sm90.py`): its wgmma tiles, its shared-memory
-tiles as TMA writes them, their transposed operand views, and where dS goes through shared
-memory.
+"""The Hopper backward's layouts (`kernels/bwd/sm90.py`): its wgmma tiles, the dS tile and the
+shared storage. Q, dO, K and V are the forward's TMA tiles (`tma.tma_smem_layout`, Q and dO a
+ring of q_stages), read transposed through `wgmma.transposed`; dS^T goes to shared memory by
+`wgmma.stmatrix_copy_c`. The warp roles and their register split are `wgmma.WarpRoles`'.
 
 Per (query block, key block) pair the backward computes five products. With the keys on M
 (each consumer warpgroup owns 64 keys of the CTA's block_n; the forward puts the queries
@@ -22,7 +23,8 @@ rows of dS written by every warpgroup.
 """
 
 from .config import WgmmaBwdTileConfig
-from .wgmma import WARPGROUP_THREADS, WGMMA_M
+from .tma import tma_smem_layout
+from .wgmma import WGMMA_M
 
 
 def _dsl():
@@ -69,27 +71,6 @@ def tiled_mma_dq(cfg: WgmmaBwdTileConfig):
         tiler_mn=(WGMMA_M, cfg.head_dim_padded // cfg.consumers))
 
 
-def _k_major(cfg: WgmmaBwdTileConfig, rows: int, stages: int = 0):
-    cutlass, cute, _, warpgroup, dt = _dsl()
-    kind = (warpgroup.SmemLayoutAtomKind.K_SW128 if cfg.smem_atom_cols == 64
-            else warpgroup.SmemLayoutAtomKind.K_SW64)
-    atom = warpgroup.make_smem_layout_atom(kind, dt(cfg.dtype))
-    if not stages:
-        return cute.tile_to_shape(atom, (rows, cfg.head_dim_padded), (0, 1))
-    return cute.tile_to_shape(atom, (rows, cfg.head_dim_padded, stages), (0, 1, 2))
-
-
-def smem_layout_q(cfg: WgmmaBwdTileConfig, stages: int = 0):
-    """(block_m, head_dim_padded[, stages]): a Q or dO stage as TMA writes it (byte-swizzled,
-    K-major), the ring with `stages`."""
-    return _k_major(cfg, cfg.block_m, stages)
-
-
-def smem_layout_kv(cfg: WgmmaBwdTileConfig):
-    """(block_n, head_dim_padded): the K or V tile as TMA writes it."""
-    return _k_major(cfg, cfg.block_n)
-
-
 def smem_layout_ds(cfg: WgmmaBwdTileConfig):
     """(block_m, block_n): dS, queries contiguous (dQ's MN-major A operand), 128-byte
     swizzle where block_m is a multiple of 64, else 64- or 32-byte."""
@@ -101,34 +82,13 @@ def smem_layout_ds(cfg: WgmmaBwdTileConfig):
     return cute.tile_to_shape(atom, (cfg.block_m, cfg.block_n), (0, 1))
 
 
-def transposed(sX):
-    """sXt(c, r[, stage]): a tile sX(r, c[, stage]) read with its first two indices swapped,
-    in place: the MN-major operand views dO^T, Q^T, K^T, and dS^T over dS."""
-    _, cute, _, _, _ = _dsl()
-    shape = (sX.shape[1], sX.shape[0], *sX.shape[2:])
-    order = (1, 0, *range(2, cute.rank(sX)))
-    return cute.composition(sX, cute.make_ordered_layout(shape, order=order))
-
-
-def smem_tiled_copy_ds(cfg: WgmmaBwdTileConfig, tiled_sdp):
-    """stmatrix of the converted dS^T accumulator into sdS's transposed view (key, query):
-    per 8x8 block of a warp's C fragment one stmatrix matrix (lane l: key row l // 4, queries
-    2 (l % 4) and + 1), each row of 8 queries 16 contiguous bytes of the MN-major tile."""
-    _, cute, _, _, dt = _dsl()
-    from cutlass.cute.nvgpu import warp
-
-    atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                               dt(cfg.dtype))
-    return cute.make_tiled_copy_C(atom, tiled_sdp)
-
-
 def shared_storage(cfg: WgmmaBwdTileConfig, n_barriers: int):
     """K, V, the Q and dO rings, dS, the LSE and D rows of each stage (float32) and the
     mbarriers, each tile 1024-byte aligned (whole swizzle atoms)."""
     cutlass, cute, _, _, dt = _dsl()
     dtype = dt(cfg.dtype)
-    q = cute.cosize(smem_layout_q(cfg, cfg.q_stages))
-    kv = cute.cosize(smem_layout_kv(cfg))
+    q = cute.cosize(tma_smem_layout(cfg, "Q", cfg.q_stages))
+    kv = cute.cosize(tma_smem_layout(cfg, "K"))
     ds = cute.cosize(smem_layout_ds(cfg))
     rows = cfg.block_m * cfg.q_stages
 
@@ -172,8 +132,3 @@ class QBarriers:
     @property
     def count(self) -> int:
         return 1 + 4 * self.stages
-
-
-CONSUMER_REGS = {1: 256, 2: 240}  # setmaxnreg of a consumer thread per consumer count
-PRODUCER_REGS = {1: 56, 2: 24}
-THREADS = WARPGROUP_THREADS

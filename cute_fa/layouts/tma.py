@@ -50,7 +50,8 @@ def tma_view(t):
 
 
 def tma_smem_layout(cfg: TileConfig, tensor: str, stages: int = 0):
-    """The smem layout of `smem.py` for 'Q' or 'K'/'V', in the copy engine's notation.
+    """The smem layout of `smem.py` for 'Q' or 'K'/'V', in the copy engine's notation; with
+    `stages`, a ring of them (the forward's K/V ring, the backward's Q/dO ring).
 
     `smem.py` swizzles element offsets: Swizzle<3,3,3> on 2-byte elements. The DSL's TMA
     builder reads swizzles in bytes, as the hardware defines them: the same map is
@@ -69,12 +70,14 @@ def tma_smem_layout(cfg: TileConfig, tensor: str, stages: int = 0):
             else warpgroup.SmemLayoutAtomKind.K_SW64)
     atom = warpgroup.make_smem_layout_atom(kind, cutlass_dtype(cfg.dtype))
     if tensor in ("Q", "O"):
-        return cute.tile_to_shape(atom, (cfg.block_m, cfg.head_dim_padded), (0, 1))
-    if tensor not in ("K", "V"):
+        rows = cfg.block_m
+    elif tensor in ("K", "V"):
+        rows = cfg.block_n
+    else:
         raise ValueError(f"tensor must be 'Q', 'K' or 'V', got {tensor!r}")
     if not stages:
-        return cute.tile_to_shape(atom, (cfg.block_n, cfg.head_dim_padded), (0, 1))
-    return cute.tile_to_shape(atom, (cfg.block_n, cfg.head_dim_padded, stages), (0, 1, 2))
+        return cute.tile_to_shape(atom, (rows, cfg.head_dim_padded), (0, 1))
+    return cute.tile_to_shape(atom, (rows, cfg.head_dim_padded, stages), (0, 1, 2))
 
 
 def tma_load(cfg: TileConfig, tensor: str, gmem):

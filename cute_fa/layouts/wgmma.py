@@ -27,8 +27,9 @@ WGMMA_K = 16  # k of one 16-bit wgmma instruction
 @dataclass(frozen=True)
 class WarpRoles:
     """Who does what in the warp-specialized CTA: warpgroup 0 is the producer (its warp 0
-    issues every TMA load; the other three warps only hand their registers back), warpgroups
-    1 ... consumers run the MMAs and the softmax. setmaxnreg moves registers from the producer
+    issues every TMA load; in the forward the other three warps only hand their registers back,
+    in the backward warp 1 also loads the LSE and D rows), warpgroups 1 ... consumers run the
+    MMAs and the softmax. setmaxnreg moves registers from the producer
     to the consumers: the CTA's register file (64K) is split as producer_regs x 128 +
     consumer_regs x 128 x consumers."""
 
@@ -111,21 +112,24 @@ def tiled_mma_pv(cfg: TileConfig):
         tiler_mn=(WGMMA_M, cfg.head_dim_padded), a_source=warpgroup.OperandSource.RMEM)
 
 
-def transposed_v(sV):
-    """sVt(d, key, stage): the V ring sV(key, d, stage) read as P V's B operand, in place (the
-    MN-major view whose descriptors the DSL builds from the same swizzled bytes)."""
+def transposed(sX):
+    """sXt(c, r[, stage]): a tile sX(r, c[, stage]) read with its first two indices swapped, in
+    place: the MN-major operand views whose descriptors the DSL builds from the same swizzled
+    bytes (the forward's V^T for P V; the backward's dO^T, Q^T, K^T, and dS^T over dS)."""
     import cutlass.cute as cute
 
-    shape = (sV.shape[1], sV.shape[0], *sV.shape[2:])
-    order = (1, 0, *range(2, cute.rank(sV)))
-    return cute.composition(sV, cute.make_ordered_layout(shape, order=order))
+    shape = (sX.shape[1], sX.shape[0], *sX.shape[2:])
+    order = (1, 0, *range(2, cute.rank(sX)))
+    return cute.composition(sX, cute.make_ordered_layout(shape, order=order))
 
 
-def smem_tiled_copy_o(cfg: TileConfig, tiled_mma_pv):
-    """stmatrix (8x8 16-bit matrices, four per instruction) of the converted O accumulator into
-    the O tile in shared memory, laid out as the TMA store reads it: a warp's C fragment of
-    m64nNk16 is, per 8x8 block, exactly one stmatrix matrix (lane l holds row l // 4, columns
-    2 (l % 4) and + 1), so each thread writes 16 bytes per instruction instead of 4."""
+def stmatrix_copy_c(cfg: TileConfig, tiled_mma):
+    """stmatrix (8x8 16-bit matrices, four per instruction) of a converted wgmma accumulator
+    into a 16-bit shared-memory tile addressed by the accumulator's coordinates (the forward's O
+    as the TMA store reads it, the backward's dS^T into dS's transposed view): a warp's C
+    fragment of m64nNk16 is, per 8x8 block, exactly one stmatrix matrix (lane l holds row
+    l // 4, columns 2 (l % 4) and + 1), so each thread writes 16 bytes per instruction instead
+    of 4."""
     import cutlass.cute as cute
     from cutlass.cute.nvgpu import warp
 
@@ -133,7 +137,7 @@ def smem_tiled_copy_o(cfg: TileConfig, tiled_mma_pv):
 
     atom = cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                cutlass_dtype(cfg.dtype))
-    return cute.make_tiled_copy_C(atom, tiled_mma_pv)
+    return cute.make_tiled_copy_C(atom, tiled_mma)
 
 
 def acc_rowcol_layout(acc_layout):

@@ -11,6 +11,7 @@ import cutlass
 import cutlass.cute as cute
 
 from ...layouts import bwd as bwd_layouts
+from ..common import mask
 from ..sched.seqlen import SeqlenInfo
 
 
@@ -26,6 +27,19 @@ class QueryBlocks:
     window_offset: object = None
 
 
+@dataclass(frozen=True)
+class KeyBlockWork:
+    """One CTA's work: its key block, K/V head and batch entry, the entry's lengths, the causal
+    offset (bottom-right per entry in a ragged batch) and the query heads per K/V head."""
+
+    n_block: object
+    head_kv: object
+    batch: object
+    seqlen: SeqlenInfo
+    causal_offset: object
+    group: object
+
+
 class FlashBwdBase:
     """Built from a backward kernel key (`compile.keys.BwdKey`, `BwdSm90Key`)."""
 
@@ -39,6 +53,26 @@ class FlashBwdBase:
         self.deterministic = key.deterministic
         self.ctas_per_sm = key.ctas_per_sm
         self.dq_vector = bwd_layouts.dq_vector(key.arch)
+
+    @cute.jit
+    def _work(self, mQ, mK, seq_mode: cutlass.Constexpr, head_mode: cutlass.Constexpr,
+              causal_offset, mCuSeqlensQ, mCuSeqlensK) -> KeyBlockWork:
+        """This CTA's `KeyBlockWork` from its place in the grid (key block, K/V head, entry)
+        and the extents of Q and K, whose modes seq_mode and head_mode are the sequence and
+        the heads ((batch, seqlen, heads, d): 1, 2; the TMA view (seqlen, d, heads, batch): 0,
+        2)."""
+        n_block, head_kv, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.deterministic and self.causal):
+            # the causal turns go from the last key block down (`_turn`): those CTAs start
+            # first, so a CTA only ever waits for CTAs started before it (never for one that
+            # cannot start while it holds an SM)
+            n_block = cute.arch.grid_dim()[0] - 1 - n_block
+        seqlen = SeqlenInfo.of(batch, mQ.shape[seq_mode], mK.shape[seq_mode], mCuSeqlensQ,
+                               mCuSeqlensK)
+        if cutlass.const_expr(self.varlen_q or self.varlen_k):
+            causal_offset = seqlen.seqlen_k - seqlen.seqlen_q  # bottom-right, per entry
+        return KeyBlockWork(n_block, head_kv, batch, seqlen, causal_offset,
+                            mQ.shape[head_mode] // mK.shape[head_mode])
 
     @cute.jit
     def _query_blocks(self, n_block, seqlen: SeqlenInfo, causal_offset, window_left,
@@ -71,6 +105,59 @@ class FlashBwdBase:
         if cutlass.const_expr(self.local):
             masked = masked | (n_block * bn - ((m_block + 1) * bm - 1) < blocks.window_offset)
         return masked
+
+    @cute.jit
+    def _softcap_scores(self, acc_S, softcap_scale):
+        """Under a softcap, the recomputed scores through tanh in place (`mask.apply_softcap`,
+        before the mask) and 1 - tanh^2, the factor dS takes; None without one."""
+        dtanh = None
+        if cutlass.const_expr(self.softcap):
+            mask.apply_softcap(acc_S, softcap_scale)
+            dtanh = cute.make_fragment_like(acc_S)
+            dtanh.store(1.0 - acc_S.load() * acc_S.load())
+        return dtanh
+
+    def _dq_sync(self):
+        raise NotImplementedError
+
+    @cute.jit
+    def _add_dq(self, acc_dQ, dq_accum, head, m_block, n_block, blocks: QueryBlocks,
+                seqlen: SeqlenInfo, batch, mCuSeqlensQ, mSemaphore, lock, seen, tid):
+        """dQaccum's block m_block += acc_dQ: float32 reductions at L2 (vector ones from sm90
+        on), in the dQ TiledMMA's register order (`layouts.bwd.dq_accum_chunk`; the
+        postprocess reads them back through the same TiledMMA), unpredicated (rows past
+        seqlen_q and columns past head_dim are zeros: their dS rows and K columns are). tid
+        counts the threads that add (`_dq_sync`'s). deterministic: in key-block order
+        (`_turn`), one CTA at a time: wait for the counter of (batch, head, m_block) in
+        mSemaphore to reach this key block's turn, add, pass the turn on. lock, seen: the
+        counter's address and its value where the caller read it already (under its dQ GEMM),
+        else None: found and read here."""
+        cfg = self.cfg
+        vec = self.dq_vector
+        chunk = bwd_layouts.dq_accum_chunk(
+            dq_accum, 0 if cutlass.const_expr(self.varlen_q) else batch, head,
+            bwd_layouts.dq_block(m_block, batch, cfg.block_m, mCuSeqlensQ), cfg, vec)
+        if cutlass.const_expr(self.deterministic):
+            if cutlass.const_expr(lock is None):
+                lock = mSemaphore[batch, head, None].iterator + m_block
+            turn = self._turn(m_block, n_block, blocks, seqlen)
+            if tid == 0:
+                count = seen if cutlass.const_expr(seen is not None) else cute.arch.load(
+                    lock, cutlass.Int32, sem="acquire", scope="gpu")
+                while count != turn:
+                    count = cute.arch.load(lock, cutlass.Int32, sem="acquire", scope="gpu")
+            self._dq_sync()
+        mine = chunk[None, tid]
+        acc_v = cute.make_tensor(acc_dQ.iterator, cute.make_layout((vec, cute.size(acc_dQ) // vec)))
+        for r in cutlass.range(cute.size(acc_v, mode=[1]), unroll_full=True):
+            value = acc_v[None, r].load() if cutlass.const_expr(vec > 1) else acc_v[0, r]
+            cute.arch.red(mine.iterator + r * cfg.num_threads * vec, value, op="add",
+                          dtype="f32", sem="relaxed", scope="gpu")
+        if cutlass.const_expr(self.deterministic):
+            self._dq_sync()
+            if tid == 0:
+                cute.arch.red(lock, cutlass.Int32(1), op="add", dtype="s32", sem="release",
+                              scope="gpu")
 
     @cute.jit
     def _turn(self, m_block, n_block, blocks: QueryBlocks, seqlen: SeqlenInfo):

@@ -171,16 +171,9 @@ class FlashBwdSm80(FlashBwdBase):
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
-        n_block, head_kv, batch = cute.arch.block_idx()
-        if cutlass.const_expr(self.deterministic and self.causal):
-            # the causal turns go from the last key block down (`_turn`): those CTAs start
-            # first, so a CTA only ever waits for CTAs started before it (never for one that
-            # cannot start while it holds an SM)
-            n_block = cute.arch.grid_dim()[0] - 1 - n_block
-        seqlen = SeqlenInfo.of(batch, mQ.shape[1], mK.shape[1], mCuSeqlensQ, mCuSeqlensK)
-        if cutlass.const_expr(self.varlen_q or self.varlen_k):
-            causal_offset = seqlen.seqlen_k - seqlen.seqlen_q  # bottom-right, per entry
-        group = mQ.shape[2] // mK.shape[2]
+        work = self._work(mQ, mK, 1, 2, causal_offset, mCuSeqlensQ, mCuSeqlensK)
+        n_block, head_kv, batch, seqlen = work.n_block, work.head_kv, work.batch, work.seqlen
+        causal_offset, group = work.causal_offset, work.group
 
         storage = cutlass.memory.SmemAllocator().allocate(Storage)
         sQ = storage.sQ.get_tensor(bwd_layouts.smem_layout_q(cfg))
@@ -291,11 +284,7 @@ class FlashBwdSm80(FlashBwdBase):
         gemm_ldmatrix(thr.tiled_sdp, acc_S, thr.rA_sdp, thr.rB_sdp, thr.copies["b_sdp"],
                       v["tSsK"], v["rB_sdp"], thr.copies["a_sdp"],
                       v["tSsQ"][None, None, None, stage], v["rA_sdp"], fine=False)
-        dtanh = None
-        if cutlass.const_expr(self.softcap):
-            mask.apply_softcap(acc_S, softcap_scale)
-            dtanh = cute.make_fragment_like(acc_S)
-            dtanh.store(1.0 - acc_S.load() * acc_S.load())
+        dtanh = self._softcap_scores(acc_S, softcap_scale)
         acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
         if self._masked(m_block, n_block, blocks, seqlen):
             mask.apply_mask(acc_S_mn, thr.row_offsets, thr.col_offsets, query0,
@@ -342,36 +331,9 @@ class FlashBwdSm80(FlashBwdBase):
         gemm_ldmatrix(thr.tiled_dq, acc_dQ, thr.rA_dq, thr.rB_dq, thr.copies["b_dq"],
                       v["tdQsKt"], v["rB_dq"], thr.copies["a_dq"], v["tdQsdS"], v["rA_dq"],
                       fine=False)
-        self._add_dq(acc_dQ, rows, m_block, n_block, blocks, seqlen, batch, mCuSeqlensQ, lock,
-                     seen, tidx)
+        self._add_dq(acc_dQ, rows.dq_accum, rows.head, m_block, n_block, blocks, seqlen, batch,
+                     mCuSeqlensQ, mSemaphore, lock, seen, tidx)
 
-    @cute.jit
-    def _add_dq(self, acc_dQ, rows: "RowData", m_block, n_block, blocks: QueryBlocks,
-                seqlen: SeqlenInfo, batch, mCuSeqlensQ, lock, seen, tidx):
-        """dQaccum's block m_block += acc_dQ: float32 reductions at L2, in the accumulator's
-        register order (`layouts.bwd.dq_accum_chunk`), unpredicated (rows past seqlen_q and
-        columns past head_dim are zeros: their dS rows and K columns are). deterministic: in
-        key-block order (`_turn`), one CTA at a time: wait for the counter (lock; seen: its
-        value read earlier) to reach this key block's turn, add, pass the turn on."""
-        cfg = self.cfg
-        vec = self.dq_vector
-        chunk = bwd_layouts.dq_accum_chunk(
-            rows.dq_accum, 0 if cutlass.const_expr(self.varlen_q) else batch, rows.head,
-            bwd_layouts.dq_block(m_block, batch, cfg.block_m, mCuSeqlensQ), cfg, vec)
-        if cutlass.const_expr(self.deterministic):
-            turn = self._turn(m_block, n_block, blocks, seqlen)
-            if tidx == 0:
-                while seen != turn:
-                    seen = cute.arch.load(lock, cutlass.Int32, sem="acquire", scope="gpu")
-            cute.arch.barrier()
-        mine = chunk[None, tidx]
-        acc_v = cute.make_tensor(acc_dQ.iterator, cute.make_layout((vec, cute.size(acc_dQ) // vec)))
-        for r in cutlass.range(cute.size(acc_v, mode=[1]), unroll_full=True):
-            value = acc_v[None, r].load() if cutlass.const_expr(vec > 1) else acc_v[0, r]
-            cute.arch.red(mine.iterator + r * cfg.num_threads * vec, value, op="add",
-                          dtype="f32", sem="relaxed", scope="gpu")
-        if cutlass.const_expr(self.deterministic):
-            cute.arch.barrier()
-            if tidx == 0:
-                cute.arch.red(lock, cutlass.Int32(1), op="add", dtype="s32", sem="release",
-                              scope="gpu")
+    def _dq_sync(self):
+        """The barrier of the threads that add dQ: the whole CTA's."""
+        cute.arch.barrier()

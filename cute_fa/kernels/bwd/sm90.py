@@ -37,7 +37,7 @@ import cutlass.cute as cute
 import cutlass.memory
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from ...layouts import bwd as bwd_layouts, bwd_wgmma, ring, smem, tma, wgmma
+from ...layouts import bwd_wgmma, ring, smem, tma, wgmma
 from ...layouts._types import cutlass_dtype
 from ..common import epilogue, mask
 from ..common.launch import occupancy_options
@@ -56,6 +56,7 @@ class FlashBwdSm90(FlashBwdBase):
     def __init__(self, key):
         super().__init__(key)
         self.bars = bwd_wgmma.QBarriers(self.cfg.q_stages)
+        self.roles = wgmma.WarpRoles(self.cfg.consumers)
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
@@ -72,8 +73,8 @@ class FlashBwdSm90(FlashBwdBase):
         q_tile = (cfg.block_m, cfg.head_dim_padded)
         kv_tile = (cfg.block_n, cfg.head_dim_padded)
         load = cpasync.CopyBulkTensorTileG2SOp()
-        layout_q = bwd_wgmma.smem_layout_q(cfg)
-        layout_kv = bwd_wgmma.smem_layout_kv(cfg)
+        layout_q = tma.tma_smem_layout(cfg, "Q")
+        layout_kv = tma.tma_smem_layout(cfg, "K")
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load, tma.tma_view(mQ), layout_q, q_tile)
         tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(load, tma.tma_view(mdO), layout_q,
                                                           q_tile)
@@ -91,7 +92,7 @@ class FlashBwdSm90(FlashBwdBase):
                     tma_V, mLSE, mD, mdQaccum, mdK, mdV, scale_log2, softmax_scale,
                     causal_offset, Storage, mCuSeqlensQ, mCuSeqlensK, window_left,
                     window_right, softcap_scale, mSemaphore).launch(
-            grid=grid, block=(cfg.num_threads + wgmma.WARPGROUP_THREADS, 1, 1),
+            grid=grid, block=(self.roles.threads, 1, 1),
             smem=Storage.size_in_bytes(), stream=stream, **occupancy_options(self.ctas_per_sm))
 
     @cute.kernel
@@ -107,14 +108,9 @@ class FlashBwdSm90(FlashBwdBase):
         cfg, bars = self.cfg, self.bars
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        n_block, head_kv, batch = cute.arch.block_idx()
-        if cutlass.const_expr(self.deterministic and self.causal):
-            # the causal turns go from the last key block down (`_turn`): see sm80's kernel
-            n_block = cute.arch.grid_dim()[0] - 1 - n_block
-        seqlen = SeqlenInfo.of(batch, tma_Q.shape[0], tma_K.shape[0], mCuSeqlensQ, mCuSeqlensK)
-        if cutlass.const_expr(self.varlen_q or self.varlen_k):
-            causal_offset = seqlen.seqlen_k - seqlen.seqlen_q  # bottom-right, per entry
-        group = tma_Q.shape[2] // tma_K.shape[2]
+        work = self._work(tma_Q, tma_K, 0, 2, causal_offset, mCuSeqlensQ, mCuSeqlensK)
+        n_block, head_kv, batch, seqlen = work.n_block, work.head_kv, work.batch, work.seqlen
+        causal_offset, group = work.causal_offset, work.group
 
         storage = cutlass.memory.SmemAllocator().allocate(Storage)
         mbar = storage.mbar.data_ptr()
@@ -136,7 +132,7 @@ class FlashBwdSm90(FlashBwdBase):
             per_head = cutlass.max(blocks.m_hi - blocks.m_lo, 0)
             steps = per_head * group
             if warp < 4:
-                cute.arch.setmaxregister_decrease(bwd_wgmma.PRODUCER_REGS[cfg.consumers])
+                cute.arch.setmaxregister_decrease(self.roles.producer_regs)
                 if warp == 0:
                     self._produce(storage, tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K,
                                   tma_K, tma_atom_V, tma_V, seqlen, blocks, batch, head_kv,
@@ -145,7 +141,7 @@ class FlashBwdSm90(FlashBwdBase):
                     self._load_rows(storage, mLSE, mD, seqlen, blocks, batch, head_kv, group,
                                     per_head, steps)
             else:
-                cute.arch.setmaxregister_increase(bwd_wgmma.CONSUMER_REGS[cfg.consumers])
+                cute.arch.setmaxregister_increase(self.roles.consumer_regs)
                 self._consume(storage, mdQaccum, mdK, mdV, scale_log2, softmax_scale,
                               softcap_scale, seqlen, blocks, batch, head_kv, group, n_block,
                               per_head, steps, mCuSeqlensQ, mSemaphore,
@@ -179,10 +175,10 @@ class FlashBwdSm90(FlashBwdBase):
         mbar = storage.mbar.data_ptr()
         one_cta = cute.make_layout(1)
         if steps > 0:
-            sQ = storage.sQ.get_tensor(bwd_wgmma.smem_layout_q(cfg, cfg.q_stages))
-            sdO = storage.sdO.get_tensor(bwd_wgmma.smem_layout_q(cfg, cfg.q_stages))
-            sK = storage.sK.get_tensor(bwd_wgmma.smem_layout_kv(cfg))
-            sV = storage.sV.get_tensor(bwd_wgmma.smem_layout_kv(cfg))
+            sQ = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q", cfg.q_stages))
+            sdO = storage.sdO.get_tensor(tma.tma_smem_layout(cfg, "Q", cfg.q_stages))
+            sK = storage.sK.get_tensor(tma.tma_smem_layout(cfg, "K"))
+            sV = storage.sV.get_tensor(tma.tma_smem_layout(cfg, "K"))
             q_bytes = bm * dp * cfg.elem_bytes
             kv_bytes = bn * dp * cfg.elem_bytes
             with cute.arch.elect_one():
@@ -244,6 +240,10 @@ class FlashBwdSm90(FlashBwdBase):
     def _consumer_sync(self):
         cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=self.cfg.num_threads)
 
+    def _dq_sync(self):
+        """The barrier of the threads that add dQ: the consumers'."""
+        self._consumer_sync()
+
     @cute.jit
     def _consume(self, storage, mdQaccum, mdK, mdV, scale_log2, softmax_scale, softcap_scale,
                  seqlen: SeqlenInfo, blocks: QueryBlocks, batch, head_kv, group, n_block,
@@ -253,8 +253,8 @@ class FlashBwdSm90(FlashBwdBase):
         dtype = cutlass_dtype(cfg.dtype)
         mbar = storage.mbar.data_ptr()
         # the wgmma operands: the TMA tiles, the swizzle carried by the pointer
-        lq = bwd_wgmma.smem_layout_q(cfg, stages)
-        lkv = bwd_wgmma.smem_layout_kv(cfg)
+        lq = tma.tma_smem_layout(cfg, "Q", stages)
+        lkv = tma.tma_smem_layout(cfg, "K")
         lds = bwd_wgmma.smem_layout_ds(cfg)
         sQ = storage.sQ.get_tensor(lq.outer, swizzle=lq.inner)
         sdO = storage.sdO.get_tensor(lq.outer, swizzle=lq.inner)
@@ -274,10 +274,10 @@ class FlashBwdSm90(FlashBwdBase):
         tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
         tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
         tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
-        tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(bwd_wgmma.transposed(sdO)))
-        tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(bwd_wgmma.transposed(sQ)))
+        tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(wgmma.transposed(sdO)))
+        tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(wgmma.transposed(sQ)))
         tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
-        tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(bwd_wgmma.transposed(sK)))
+        tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(wgmma.transposed(sK)))
 
         thr_sdp = mma_sdp.get_slice(ctidx)
         acc_dK = cute.make_rmem_tensor(mma_dkv.get_slice(ctidx).partition_shape_C((bn, dp)),
@@ -287,9 +287,9 @@ class FlashBwdSm90(FlashBwdBase):
         acc_dV.fill(0.0)
         tScS = thr_sdp.partition_C(cute.make_identity_tensor((bn, bm)))
         place = tile_place(cute.make_tensor(tScS.iterator, wgmma.acc_rowcol_layout(tScS.layout)))
-        r2s = bwd_wgmma.smem_tiled_copy_ds(cfg, mma_sdp)
+        r2s = wgmma.stmatrix_copy_c(cfg, mma_sdp)
         thr_r2s = r2s.get_slice(ctidx)
-        tdSsdS = thr_r2s.partition_D(bwd_wgmma.transposed(sdS))
+        tdSsdS = thr_r2s.partition_D(wgmma.transposed(sdS))
         shape_S = thr_sdp.partition_shape_C((bn, bm))
         shape_dQ = mma_dq.get_slice(ctidx).partition_shape_C((bm, dp))
         rows = place["row_offsets"]
@@ -310,19 +310,15 @@ class FlashBwdSm90(FlashBwdBase):
             cute.arch.mbarrier_wait(mbar + bars.rows_full + stage, phase)
             warpgroup.wait_group(1)
 
-            dtanh = None
-            if cutlass.const_expr(self.softcap):
-                mask.apply_softcap(acc_S, softcap_scale)
-                dtanh = cute.make_fragment_like(acc_S)
-                dtanh.store(1.0 - acc_S.load() * acc_S.load())
+            dtanh = self._softcap_scores(acc_S, softcap_scale)
             acc_S_mn = cute.make_tensor(acc_S.iterator, wgmma.acc_rowcol_layout(acc_S.layout))
             query0 = m_block * bm + place["col0"]
             if self._masked(m_block, n_block, blocks, seqlen):
                 mask.apply_mask_transposed(acc_S_mn, rows, cols, key0, query0, seqlen.seqlen_k,
                                            blocks.upper, self.causal, blocks.window_offset)
-            row0 = stage * bm + place["col0"]
+            lse0 = stage * bm + place["col0"]  # this thread's first query's LSE and D
             for c in cutlass.range_constexpr(len(cols)):
-                lse = sLSE[row0 + cols[c]]
+                lse = sLSE[lse0 + cols[c]]
                 for r in cutlass.range_constexpr(len(rows)):
                     acc_S_mn[r, c] = cute.math.exp2(acc_S_mn[r, c] * scale_log2 - lse,
                                                     fastmath=True)
@@ -334,7 +330,7 @@ class FlashBwdSm90(FlashBwdBase):
             warpgroup.wait_group(1)  # dP^T (dV's group may still run)
             acc_dP_mn = cute.make_tensor(acc_dP.iterator, wgmma.acc_rowcol_layout(acc_dP.layout))
             for c in cutlass.range_constexpr(len(cols)):
-                d = sD[row0 + cols[c]]
+                d = sD[lse0 + cols[c]]
                 for r in cutlass.range_constexpr(len(rows)):
                     acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] - d)
             if cutlass.const_expr(self.softcap):
@@ -353,7 +349,7 @@ class FlashBwdSm90(FlashBwdBase):
             if cute.arch.lane_idx() == 0:
                 cute.arch.mbarrier_arrive(mbar + bars.empty + stage)
             self._add_dq(acc_dQ, mdQaccum, head, m_block, n_block, blocks, seqlen, batch,
-                         mCuSeqlensQ, mSemaphore, ctidx)
+                         mCuSeqlensQ, mSemaphore, None, None, ctidx)
             self._consumer_sync()  # every warpgroup's dQ has read dS before it is rewritten
 
         # dS was formed from scores S = Q K^T, the logits are S * softmax_scale
@@ -372,33 +368,3 @@ class FlashBwdSm90(FlashBwdBase):
                                          (n_block, 0)), cdK, seqlen.seqlen_k, ctidx,
                          sync=self._consumer_sync)
 
-    @cute.jit
-    def _add_dq(self, acc_dQ, mdQaccum, head, m_block, n_block, blocks: QueryBlocks,
-                seqlen: SeqlenInfo, batch, mCuSeqlensQ, mSemaphore, ctidx):
-        """dQaccum's block m_block += acc_dQ: float32 vector reductions at L2, in the dQ
-        TiledMMA's register order (`layouts.bwd.dq_accum_chunk`; the postprocess reads them
-        back through the same TiledMMA). deterministic: in `_turn`'s order."""
-        cfg = self.cfg
-        vec = 4
-        chunk = bwd_layouts.dq_accum_chunk(
-            mdQaccum, 0 if cutlass.const_expr(self.varlen_q) else batch, head,
-            bwd_layouts.dq_block(m_block, batch, cfg.block_m, mCuSeqlensQ), cfg, vec)
-        lock = None
-        if cutlass.const_expr(self.deterministic):
-            lock = mSemaphore[batch, head, None].iterator + m_block
-            turn = self._turn(m_block, n_block, blocks, seqlen)
-            if ctidx == 0:
-                seen = cute.arch.load(lock, cutlass.Int32, sem="acquire", scope="gpu")
-                while seen != turn:
-                    seen = cute.arch.load(lock, cutlass.Int32, sem="acquire", scope="gpu")
-            self._consumer_sync()
-        mine = chunk[None, ctidx]
-        acc_v = cute.make_tensor(acc_dQ.iterator, cute.make_layout((vec, cute.size(acc_dQ) // vec)))
-        for r in cutlass.range(cute.size(acc_v, mode=[1]), unroll_full=True):
-            cute.arch.red(mine.iterator + r * cfg.num_threads * vec, acc_v[None, r].load(),
-                          op="add", dtype="f32", sem="relaxed", scope="gpu")
-        if cutlass.const_expr(self.deterministic):
-            self._consumer_sync()
-            if ctidx == 0:
-                cute.arch.red(lock, cutlass.Int32(1), op="add", dtype="s32", sem="release",
-                              scope="gpu")

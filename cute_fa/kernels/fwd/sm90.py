@@ -135,7 +135,7 @@ class FlashFwdSm90(FlashFwdBase):
             sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
             sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
             ctidx = tidx - wgmma.WARPGROUP_THREADS
-            thr = thread_wgmma(cfg, ctidx, sQ, sK, wgmma.transposed_v(sV), scale_log2)
+            thr = thread_wgmma(cfg, ctidx, sQ, sK, wgmma.transposed(sV), scale_log2)
             ctx = self._context(thr, tile.m_block, seqlen, keys, None,
                                 softcap_scale=softcap_scale)
             # Q has landed before anyone reads it, and before the epilogue reuses its bytes
@@ -165,7 +165,7 @@ class FlashFwdSm90(FlashFwdBase):
         rO = cute.make_fragment_like(thr.acc_O, dtype)
         rO.store(thr.acc_O.load().to(dtype))
         self._consumer_sync()  # every consumer's wgmmas are done reading Q
-        r2s = wgmma.smem_tiled_copy_o(cfg, thr.tiled_mma)
+        r2s = wgmma.stmatrix_copy_c(cfg, thr.tiled_mma)
         thr_r2s = r2s.get_slice(ctidx)
         cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sQ))
         cute.arch.fence_view_async_shared()  # the generic-proxy writes, visible to TMA
