@@ -17,8 +17,8 @@ import functools
 import math
 
 from .arch import ARCHS, SMEM_BYTES, Arch
-from .compile.keys import (BwdKey, BwdPostKey, BwdPrepKey, BwdSm90Key, Sm80Key, Sm90Key,
-                           TmaKey)
+from .compile.keys import (BwdKey, BwdKvPostKey, BwdPostKey, BwdPrepKey, BwdSm90Key, Sm80Key,
+                           Sm90Key, TmaKey)
 from .compile.registry import REGISTRY
 from .layouts import TileConfig
 from .layouts.config import BwdTileConfig, RowTile, WgmmaBwdTileConfig
@@ -553,7 +553,10 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 # BWD_SM90_SPILL_BUDGET bytes of spill stores or loads (0 without a softcap; the softcap's
 # 1 - tanh^2, 32 more live registers, costs up to 128 bytes stored and 160 loaded at head_dim
 # 128).
+# Under a softcap at head_dim 64, the 128-query step spills 276 bytes stored and 368 loaded
+# (S^T and dP^T of 128 queries, 64 registers each, beside 1 - tanh^2); 64 queries spill 84.
 BWD_SM90_TILES = {64: (128, 2, 2), 128: (64, 2, 3)}
+BWD_SM90_SOFTCAP_TILES = {64: (64, 2, 2)}
 BWD_SM90_SPILL_BUDGET = 192
 BWD_BACKENDS = ("auto", "sm80", "sm90")
 
@@ -567,10 +570,12 @@ def check_bwd_backend(backend) -> str:
     return backend
 
 
-def bwd_sm90_tile(dtype: str, head_dim: int) -> WgmmaBwdTileConfig | None:
-    """The Hopper backward's tile for head_dim, or None where it has none (head_dim > 128: dK
-    and dV of 64 keys per warpgroup would not fit its registers)."""
+def bwd_sm90_tile(dtype: str, head_dim: int, softcap: bool = False) -> WgmmaBwdTileConfig | None:
+    """The Hopper backward's tile for head_dim (and a softcap), or None where it has none
+    (head_dim > 128: dK and dV of 64 keys per warpgroup would not fit its registers)."""
     found = BWD_SM90_TILES.get(head_dim_class(head_dim))
+    if softcap:
+        found = BWD_SM90_SOFTCAP_TILES.get(head_dim_class(head_dim), found)
     if found is None:
         return None
     bm, consumers, stages = found
@@ -597,15 +602,48 @@ def bwd_backend(arch: str, dtype: str, head_dim: int, backend: str = "auto") -> 
     return "sm80"
 
 
+# The wgmma backward's CTAs split a K/V group's query heads (`bwd_head_splits`) until the grid
+# holds BWD_HEAD_SPLIT_WAVES[causal] CTAs per SM. A split costs dK and dV's float32 sums (zeroed,
+# added, converted by a second postprocess); it buys the SMs a small batch of few K/V heads
+# leaves idle, and under causal shorter long poles (key block 0 sees every query). A/B on the
+# H200 (bf16, head_dim 128, 32/8 and 64/8 heads, batch 1-4, docs/perf/2026-12-02-h200-bwd-gqa):
+# causal, one query head per CTA ran 1.1x-1.4x the unsplit kernel at batch 1-2 and within 3%
+# of the best split everywhere, and 8 CTAs per SM picks within 3% of the best on every row;
+# non-causal, splitting a grid that already covers the SMs once lost 6-10% (1 x 32/8 x 2k:
+# 128 CTAs), while 16 CTAs split in 4 ran 2.6x.
+BWD_HEAD_SPLIT_WAVES = {False: 0.9, True: 8}
+
+
+@functools.lru_cache(maxsize=4096)
+def bwd_head_splits(key_blocks: int, heads_kv: int, group: int, batch: int, num_sms: int,
+                    causal: bool) -> int:
+    """Over how many CTAs the wgmma backward splits each K/V head's group of query heads: the
+    fewest (a divisor of group) that give the grid BWD_HEAD_SPLIT_WAVES[causal] CTAs per SM,
+    at most the whole group (one query head per CTA)."""
+    ctas = key_blocks * heads_kv * batch
+    for splits in range(1, group + 1):
+        if group % splits == 0 and ctas * splits >= BWD_HEAD_SPLIT_WAVES[causal] * num_sms:
+            return splits
+    return group
+
+
 def bwd_keys(arch: str, dtype: str, head_dim: int, causal: bool, *, local: bool = False,
              softcap: bool = False, varlen: bool = False, deterministic: bool = False,
-             tile_arch: str | None = None, backend: str = "auto") -> tuple:
-    """(preprocess, main, postprocess) keys of one backward call."""
+             tile_arch: str | None = None, backend: str = "auto", head_splits: int = 1) -> tuple:
+    """(preprocess, main, postprocess) keys of one backward call, and the dK/dV postprocess's
+    where head_splits > 1 (the wgmma backward only, not deterministic)."""
     rows = RowTile(head_dim, BWD_ROWS[0], BWD_ROWS[1], dtype)
     features = dict(local=local, softcap=softcap, varlen_q=varlen, varlen_k=varlen,
                     deterministic=deterministic)
     if bwd_backend(tile_arch or arch, dtype, head_dim, backend) == "sm90":
-        main = BwdSm90Key(arch, causal, bwd_sm90_tile(dtype, head_dim), **features)
+        main = BwdSm90Key(arch, causal, bwd_sm90_tile(dtype, head_dim, softcap),
+                          kv_accum=head_splits > 1, **features)
+    elif head_splits > 1:
+        raise ValueError(f"head_splits > 1 is the wgmma backward's (sm90), got {head_splits} "
+                         f"for the mma.sync one")
     else:
         main = BwdKey(arch, causal, bwd_tile(tile_arch or arch, dtype, head_dim), **features)
-    return BwdPrepKey(arch, rows), main, BwdPostKey(arch, main.tile, varlen)
+    keys = (BwdPrepKey(arch, rows), main, BwdPostKey(arch, main.tile, varlen))
+    if head_splits > 1:
+        keys += (BwdKvPostKey(arch, main.tile, varlen),)
+    return keys

@@ -355,7 +355,9 @@ def test_hf_model_trains_through_cute_fa():
 
 def test_eager_autograd_and_the_custom_ops_agree():
     """The eager route (a plain autograd.Function) and the traced route (the custom ops, here
-    called directly) run one implementation: bitwise equal outputs and gradients."""
+    called directly) run one implementation: bitwise equal outputs and gradients, both
+    deterministic (the default sums dK, dV and dQ in the order their CTAs arrive, and this
+    small GQA grid splits its groups over CTAs)."""
     from cute_fa.api import ops  # noqa: F401
 
     gen = torch.Generator(device="cuda").manual_seed(7)
@@ -363,10 +365,11 @@ def test_eager_autograd_and_the_custom_ops_agree():
     k, v = (_rand(2, 230, 2, 128, dtype=torch.bfloat16, gen=gen, requires_grad=True)
             for _ in range(2))
     dout = torch.randn(2, 190, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    o = cute_fa.forward(q, k, v, causal=True, window_size=(100, 0), softcap=10.0)
+    o = cute_fa.forward(q, k, v, causal=True, window_size=(100, 0), softcap=10.0,
+                        deterministic=True)
     assert type(o.grad_fn).__name__.startswith("_Attention")  # no dispatcher on this route
     eager = (o,) + torch.autograd.grad(o, (q, k, v), dout)
-    o2, _ = torch.ops.cute_fa.fwd(q, k, v, True, None, 100, 0, 10.0, True, "auto", False)
+    o2, _ = torch.ops.cute_fa.fwd(q, k, v, True, None, 100, 0, 10.0, True, "auto", True)
     traced = (o2,) + torch.autograd.grad(o2, (q, k, v), dout)
     for a, b in zip(eager, traced):
         assert torch.equal(a, b)

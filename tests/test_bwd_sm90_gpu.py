@@ -100,6 +100,10 @@ def test_gradients_window_softcap(kw, causal):
 def test_varlen_gradients(deterministic, window):
     """Empty and one-row entries, keys longer than queries, GQA: each entry against its own
     reference, rows of q past the last entry dq = 0, keys of an entry without queries 0."""
+    _check_varlen(deterministic, window)
+
+
+def _check_varlen(deterministic, window):
     gen = torch.Generator(device="cuda").manual_seed(5)
     lens_q, lens_k = [100, 1, 0, 333, 64], [150, 40, 17, 333, 64]
     cu_q = torch.tensor([0] + [sum(lens_q[:i + 1]) for i in range(5)], device="cuda",
@@ -170,3 +174,79 @@ def test_auto_takes_the_wgmma_backward(head_dim, expected):
     from cute_fa.api.checks import check_backward
     call = check_backward("dense", dout, q, k, v, out, lse)
     assert plan(call, device(0)).keys[1].backend == expected
+
+
+def _force_splits(monkeypatch, splits):
+    """Every GQA call of the wgmma backward splits its groups in `splits` (the plan's rule
+    replaced); the plan must then be the split one."""
+    from cute_fa.runtime import plan
+
+    monkeypatch.setattr(plan, "bwd_head_splits", lambda *args: splits)
+
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), splits
+SPLIT_GRID = [
+    ((2, 177, 177, 4, 2, 64), 2),
+    ((1, 333, 200, 8, 2, 128), 2),
+    ((1, 333, 200, 8, 2, 128), 4),
+    ((2, 200, 333, 4, 1, 128), 4),
+    ((1, 1100, 1100, 8, 1, 128), 8),
+    ((1, 300, 300, 6, 2, 40), 3),
+]
+
+
+@needs_sm90
+@pytest.mark.parametrize("shape, splits", SPLIT_GRID,
+                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_split_groups_gradients(monkeypatch, shape, splits, causal, dtype):
+    """A K/V group's query heads over `splits` CTAs, dK and dV summed in float32: the same
+    criterion, into poisoned dk, dv (the dK/dV postprocess writes every row)."""
+    from cute_fa.api.checks import check_backward
+    from cute_fa.runtime.device import device
+    from cute_fa.runtime.plan import plan
+
+    _force_splits(monkeypatch, splits)
+    dtype = getattr(torch, dtype)
+    q, k, v, dout = _inputs(shape, dtype, sum(shape) + splits + causal)
+    out, lse = cute_fa.forward(q, k, v, causal=causal, return_lse=True)
+    call = check_backward("dense", dout, q, k, v, out, lse, causal=causal, backend="sm90")
+    assert plan(call, device(0)).head_splits == splits
+    check_grads(_sm90_grads(q, k, v, dout, causal=causal), q, k, v, dout, causal=causal)
+
+
+@needs_sm90
+@pytest.mark.parametrize("kw", [dict(window_size=(40, 0)), dict(window_size=(64, 16),
+                                                                 softcap=20.0)],
+                         ids=["window_causal", "window_softcap"])
+def test_split_groups_window_softcap(monkeypatch, kw):
+    _force_splits(monkeypatch, 2)
+    q, k, v, dout = _inputs((2, 300, 260, 4, 2, 128), torch.bfloat16, 13)
+    check_grads(_sm90_grads(q, k, v, dout, causal=True, **kw), q, k, v, dout, causal=True, **kw)
+
+
+@needs_sm90
+@pytest.mark.parametrize("window", [(-1, -1), (70, 0)])
+def test_split_groups_varlen(monkeypatch, window):
+    """test_varlen_gradients' ragged batch (empty and one-row entries, keys longer than
+    queries), its groups of 2 split in 2: keys of an entry without queries get 0, as rows
+    past the last entry."""
+    _force_splits(monkeypatch, 2)
+    _check_varlen(False, window)
+
+
+@needs_sm90
+def test_auto_splits_a_small_gqa_batch():
+    """B 1, S 2048, 32/8 heads, causal on the H200's 132 SMs: `tuning.bwd_head_splits` splits
+    each group in 4 (one query head per CTA); the gradients pass."""
+    from cute_fa.api.checks import check_backward
+    from cute_fa.runtime.device import device
+    from cute_fa.runtime.plan import plan
+
+    q, k, v, dout = _inputs((1, 2048, 2048, 32, 8, 128), torch.bfloat16, 17)
+    out, lse = cute_fa.forward(q, k, v, causal=True, return_lse=True)
+    call = check_backward("dense", dout, q, k, v, out, lse, causal=True)
+    if device(0).num_sms == 132:  # 16 key blocks x 8 K/V heads = 128 CTAs; causal wants 1056
+        assert plan(call, device(0)).head_splits == 4
+    check_grads(_sm90_grads(q, k, v, dout, causal=True), q, k, v, dout, causal=True)

@@ -59,9 +59,12 @@ def test_shipped_tiles_compile(head_dim, dtype, causal):
     assert "ex2.approx" in ptx and "ld.acquire" not in ptx
 
 
+@pytest.mark.parametrize("head_dim", sorted(BWD_SM90_TILES))
 @pytest.mark.parametrize("feature", ["local", "softcap", "varlen", "deterministic"])
-def test_features_compile(feature):
-    _, key, _ = bwd_keys(ARCH, "bfloat16", 128, True, **{feature: True})
+def test_features_compile(feature, head_dim):
+    """Every feature's kernel at each shipped head_dim class, within the spill budget (`_ptx`):
+    a softcap at head_dim 64 takes its own tile (`tuning.BWD_SM90_SOFTCAP_TILES`)."""
+    _, key, _ = bwd_keys(ARCH, "bfloat16", head_dim, True, **{feature: True})
     ptx = _ptx(key)
     if feature == "softcap":
         assert "tanh.approx.f32" in ptx

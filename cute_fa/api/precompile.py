@@ -103,8 +103,11 @@ def calls(head_dims, dtypes, causal, backend, decode_groups, page_sizes, feature
             yield attention(RAGGED if ragged else DENSE, dtype, head_dim, batch, seqlen_q, 1, f,
                             ragged_k=ragged)
         if backward:
-            yield BackwardCall(RAGGED if ragged else DENSE, dtype, head_dim, f, 1.0, 0, False,
-                               device_index)
+            grad = BackwardCall(RAGGED if ragged else DENSE, dtype, head_dim, f, 1.0, 0, False,
+                                device_index)
+            yield grad
+            # a K/V group's query heads split over CTAs (the wgmma backward's small grids)
+            yield grad._replace(heads_q=2, head_splits=2)
         if ragged:  # forward_varlen against a cache: seqused_k, or a paged K/V
             for page_size, seqused_k, ragged_k in itertools.product(
                     (0,) + page_sizes, (False, True), (False, True)):

@@ -13,8 +13,8 @@ Every time is `common.gpu_time_us`'s: GPU time, the host's launch path (Python's
 the autograd engine) hidden behind a spin for every method alike.
 
 The grid: 16k tokens per batch, hidden 2048, head_dim 64 and 128, seqlen 1k-16k, causal and not
-(bf16); the training shapes: GQA (32 query heads, 8 K/V heads, head_dim 128) at batch 1-4 and a
-ragged batch (cute_fa and flash-attn-4 only, which take one).
+(bf16); the training shapes: GQA (32 or 64 query heads, 8 K/V heads, head_dim 128) at batch 1-4
+and a ragged batch (cute_fa and flash-attn-4 only, which take one).
 """
 
 from __future__ import annotations
@@ -114,19 +114,24 @@ def grid_results(torch, seqlens=SEQLENS, head_dims=HEAD_DIMS) -> list:
     return rows
 
 
+# (query heads, batch, seqlen), 8 K/V heads: the GQA training shapes
+TRAINING_SHAPES = ((32, 1, 2048), (32, 1, 4096), (32, 2, 4096), (32, 4, 2048), (32, 1, 8192),
+                   (64, 1, 2048), (64, 2, 4096), (64, 1, 8192))
+
+
 def training_results(torch) -> list:
-    """GQA training shapes: 32 query heads over 8 K/V heads, head_dim 128, causal."""
+    """GQA training shapes: 32 or 64 query heads over 8 K/V heads, head_dim 128, causal."""
     rows = []
-    for batch, seqlen in ((1, 2048), (1, 4096), (2, 4096), (4, 2048), (1, 8192)):
-        gen = torch.Generator(device="cuda").manual_seed(seqlen + batch)
-        q, dout = (torch.randn(batch, seqlen, 32, 128, device="cuda", dtype=torch.bfloat16,
+    for heads, batch, seqlen in TRAINING_SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(seqlen + batch + heads)
+        q, dout = (torch.randn(batch, seqlen, heads, 128, device="cuda", dtype=torch.bfloat16,
                                generator=gen) for _ in range(2))
         k, v = (torch.randn(batch, seqlen, 8, 128, device="cuda", dtype=torch.bfloat16,
                             generator=gen) for _ in range(2))
         rows.append(timed_row(torch, dict(kind="gqa", head_dim=128, causal=True, seqlen=seqlen,
-                                          batch=batch, heads=32, heads_kv=8),
+                                          batch=batch, heads=heads, heads_kv=8),
                               methods(torch, q, k, v, dout, True),
-                              flops(batch, 32, seqlen, 128, True)))
+                              flops(batch, heads, seqlen, 128, True)))
     return rows
 
 

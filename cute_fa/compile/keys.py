@@ -136,14 +136,22 @@ class BwdKey(KernelKey):
 @dataclass(frozen=True)
 class BwdSm90Key(KernelKey):
     """The Hopper backward (`kernels/bwd/sm90.py`): a TMA producer and wgmma consumer
-    warpgroups over a `WgmmaBwdTileConfig`; the score features and deterministic as `BwdKey`."""
+    warpgroups over a `WgmmaBwdTileConfig`; the score features and deterministic as `BwdKey`.
+    kv_accum: the query heads of a K/V group are split over head_splits CTAs (a kernel
+    argument), which add their dK and dV into float32 sums (`layouts.bwd.kv_accum_chunk`) that
+    `BwdKvPostKey`'s kernel converts; without it one CTA visits the whole group and stores dK
+    and dV itself. Sums in arrival order are not deterministic, so the two exclude each other."""
 
     tile: WgmmaBwdTileConfig = None
     deterministic: bool = False
+    kv_accum: bool = False
     backend: ClassVar[str] = "bwd_sm90"
 
     def __post_init__(self):
         _check_backward_key(self, WgmmaBwdTileConfig)
+        if self.kv_accum and self.deterministic:
+            raise ValueError("kv_accum adds dK and dV in arrival order; deterministic needs "
+                             "one CTA per key block")
 
 
 @dataclass(frozen=True)
@@ -166,3 +174,14 @@ class BwdPostKey:
     tile: BwdTileConfig | WgmmaBwdTileConfig
     varlen: bool = False
     backend: ClassVar[str] = "bwd_post"
+
+
+@dataclass(frozen=True)
+class BwdKvPostKey:
+    """The wgmma backward's second postprocess (`kernels/bwd/postprocess.py`), under kv_accum:
+    dK and dV from their float32 sums, laid out by the main kernel's dK/dV TiledMMA."""
+
+    arch: str
+    tile: WgmmaBwdTileConfig
+    varlen: bool = False
+    backend: ClassVar[str] = "bwd_post_kv"

@@ -16,8 +16,8 @@ import importlib
 from dataclasses import dataclass
 
 from ..arch import Arch
-from .keys import (BwdKey, BwdPostKey, BwdPrepKey, BwdSm90Key, KernelKey, MergeKey, Sm80Key,
-                   Sm90Key, TmaKey)
+from .keys import (BwdKey, BwdKvPostKey, BwdPostKey, BwdPrepKey, BwdSm90Key, KernelKey, MergeKey,
+                   Sm80Key, Sm90Key, TmaKey)
 
 
 @dataclass(frozen=True)
@@ -76,11 +76,19 @@ BWD_ARGUMENTS = _args(
     ("softcap", "float32", ("softcap",)), ("cu_seqlens_q", "int32_vector", ("varlen_q",)),
     ("cu_seqlens_k", "int32_vector", ("varlen_k",)), ("max_seqlen_k", "int32", ("varlen_k",)),
     ("semaphore", "int32_tensor3", ("deterministic",)))
+# the wgmma backward's, then dK's and dV's float32 sums (batch, heads_kv, blocks * block_n *
+# head_dim_padded) and the CTAs a K/V group's query heads are split over, under kv_accum
+BWD_SM90_ARGUMENTS = BWD_ARGUMENTS + _args(
+    ("dk_accum", "accum3", ("kv_accum",)), ("dv_accum", "accum3", ("kv_accum",)),
+    ("head_splits", "int32", ("kv_accum",)))
 BWD_PREP_ARGUMENTS = _args(("out", "qkvo"), ("dout", "qkvo"), ("lse", "lse"),
                            ("lse_log2", "lse"), ("dpsum", "lse"))
 BWD_POST_ARGUMENTS = _args(("dq_accum", "accum3"), ("dq", "qkvo"), ("softmax_scale", "float32"),
                            ("cu_seqlens_q", "int32_vector", ("varlen",)),
                            ("max_seqlen_q", "int32", ("varlen",)))
+BWD_POST_KV_ARGUMENTS = _args(("dk_accum", "accum3"), ("dv_accum", "accum3"), ("dk", "qkvo"),
+                              ("dv", "qkvo"), ("cu_seqlens_k", "int32_vector", ("varlen",)),
+                              ("max_seqlen_k", "int32", ("varlen",)))
 
 
 @dataclass(frozen=True)
@@ -128,11 +136,15 @@ KERNELS = dict(
     bwd_sm80=Backend("bwd_sm80", "backward: cp.async + ldmatrix + mma.sync, any GPU from sm80 "
                      "on", "bwd.sm80", "FlashBwdSm80", BwdKey, 8, BWD_ARGUMENTS),
     bwd_sm90=Backend("bwd_sm90", "backward: TMA producer + wgmma consumers, Hopper (sm90) only",
-                     "bwd.sm90", "FlashBwdSm90", BwdSm90Key, 9, BWD_ARGUMENTS, max_major=9),
+                     "bwd.sm90", "FlashBwdSm90", BwdSm90Key, 9, BWD_SM90_ARGUMENTS,
+                     max_major=9),
     bwd_pre=Backend("bwd_pre", "backward preprocess: D = rowsum(dO * O)", "bwd.preprocess",
                     "BwdPreprocess", BwdPrepKey, 8, BWD_PREP_ARGUMENTS),
     bwd_post=Backend("bwd_post", "backward postprocess: dQ from float32", "bwd.postprocess",
-                     "BwdPostprocess", BwdPostKey, 8, BWD_POST_ARGUMENTS))
+                     "BwdPostprocess", BwdPostKey, 8, BWD_POST_ARGUMENTS),
+    bwd_post_kv=Backend("bwd_post_kv", "backward postprocess: dK and dV from float32",
+                        "bwd.postprocess", "BwdKvPostprocess", BwdKvPostKey, 9,
+                        BWD_POST_KV_ARGUMENTS, max_major=9))
 
 
 def backend_of(key) -> Backend:

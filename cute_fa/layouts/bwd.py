@@ -134,7 +134,8 @@ def dq_block(m_block, batch, block_m: int, cu_seqlens_q=None):
     """Where query block m_block of entry `batch` sits in dQaccum: m_block, or in a ragged batch
     cu_seqlens_q[batch] // block_m + batch + m_block (each entry's blocks start on a block of
     their own, past the previous entry's last, partial one; `config.dq_accum_blocks` sizes the
-    buffer by the same rule)."""
+    buffer by the same rule). The wgmma backward's dK/dV sums place key blocks by it too, with
+    block_n and cu_seqlens_k."""
     if cu_seqlens_q is None:
         return m_block
     return cu_seqlens_q[batch] // block_m + batch + m_block
@@ -148,15 +149,29 @@ def dq_vector(arch: str) -> int:
     return 4 if Arch.of_name(arch).major >= 9 else 1
 
 
+def accum_chunk(maccum, batch, head, block, rows: int, cols: int, num_threads: int,
+                vec: int = 1):
+    """The float32 sums of one block (rows x cols) of a gradient, in its TiledMMA's register
+    order rather than row by row: thread t's accumulator elements vec * r ... vec * r + vec - 1
+    live at (r * num_threads + t) * vec, so a warp's reductions (and the postprocess's loads)
+    cover 32 * vec consecutive floats, where the rows of an MMA fragment would scatter them over
+    8 rows. Indexed [element, thread]. maccum: (batch, heads, blocks * rows * cols)."""
+    size = rows * cols
+    return cute.make_tensor(maccum[batch, head, None].iterator + block * size,
+                            cute.make_layout(((vec, size // (num_threads * vec)), num_threads),
+                                             stride=((1, num_threads * vec), vec)))
+
+
 def dq_accum_chunk(mdQaccum, batch, head, block, cfg: BwdTileConfig, vec: int = 1):
-    """The float32 sums of one query block's dQ (block_m x head_dim_padded), in the dQ
-    TiledMMA's register order rather than row by row: thread t's accumulator elements
-    vec * r ... vec * r + vec - 1 live at (r * num_threads + t) * vec, so a warp's reductions
-    (and the postprocess's loads) cover 32 * vec consecutive floats, where the rows of an
-    MMA fragment would scatter them over 8 rows. Indexed [element, thread].
-    mdQaccum: (batch, heads, blocks * block_m * head_dim_padded)."""
-    size = cfg.block_m * cfg.head_dim_padded
-    nt = cfg.num_threads
-    return cute.make_tensor(mdQaccum[batch, head, None].iterator + block * size,
-                            cute.make_layout(((vec, size // (nt * vec)), nt),
-                                             stride=((1, nt * vec), vec)))
+    """`accum_chunk` of one query block's dQ (block_m x head_dim_padded, the dQ TiledMMA's
+    threads)."""
+    return accum_chunk(mdQaccum, batch, head, block, cfg.block_m, cfg.head_dim_padded,
+                       cfg.num_threads, vec)
+
+
+def kv_accum_chunk(mKVaccum, batch, head_kv, block, cfg, vec: int = 1):
+    """`accum_chunk` of one key block's dK or dV (block_n x head_dim_padded, the dK/dV
+    TiledMMA's threads): the wgmma backward's float32 sums where several CTAs share a key
+    block (a K/V group's query heads split over CTAs)."""
+    return accum_chunk(mKVaccum, batch, head_kv, block, cfg.block_n, cfg.head_dim_padded,
+                       cfg.num_threads, vec)

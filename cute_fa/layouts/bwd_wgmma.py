@@ -108,8 +108,8 @@ def shared_storage(cfg: WgmmaBwdTileConfig, n_barriers: int):
 class QBarriers:
     """Where the Hopper backward's mbarriers sit: K and V landed (one, for the CTA's key
     block); per stage Q full and dO full (TMA bytes; one arrival, the producer's expect_tx),
-    LSE/D full (the row loader warp's 32 lanes), and empty (one arrival per consumer warp,
-    once every product reading the stage is done)."""
+    LSE/D full (the row loader warp's 32 lanes), and empty (one arrival per consumer
+    thread, once every product reading the stage is done and its LSE/D rows are read)."""
 
     def __init__(self, stages: int):
         self.stages = stages

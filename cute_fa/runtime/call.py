@@ -63,8 +63,10 @@ class AttentionCall(NamedTuple):
 
 class BackwardCall(NamedTuple):
     """One backward call (`cute_fa.backward` / `backward_varlen`, or autograd's): the forward's
-    features and scale, dq's summation mode, and for a ragged batch its longest entries (which
-    size the grids)."""
+    features and scale, dq's summation mode, for a ragged batch its longest entries (which
+    size the grids), and the work's extent: batch (a ragged batch's entries), heads, keys per
+    entry (a ragged batch's longest). head_splits: over how many CTAs the wgmma backward
+    splits a K/V group's query heads (None: the plan picks, `tuning.bwd_head_splits`)."""
 
     layout: str
     dtype: object
@@ -77,6 +79,11 @@ class BackwardCall(NamedTuple):
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     backend: str = "auto"  # the main kernel: "auto", "sm80" (mma.sync) or "sm90" (wgmma)
+    batch: int = 1
+    heads_q: int = 1
+    heads_kv: int = 1
+    seqlen_k: int = 0
+    head_splits: int | None = None
 
 
 class MergeCall(NamedTuple):
@@ -94,4 +101,5 @@ def backward_of(call: AttentionCall, deterministic: bool) -> BackwardCall:
     return BackwardCall(call.layout, call.dtype, call.head_dim, call.features,
                         call.softmax_scale, call.causal_offset, deterministic,
                         call.device_index, call.seqlen_q if ragged else 0,
-                        call.seqlen_k if ragged else 0)
+                        call.seqlen_k if ragged else 0, "auto", call.batch, call.heads_q,
+                        call.heads_kv, call.seqlen_k)

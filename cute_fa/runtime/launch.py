@@ -65,6 +65,9 @@ class BwdArgs(NamedTuple):
     cu_seqlens_k: object = None
     max_seqlen_k: int | None = None
     semaphore: object = None
+    dk_accum: object = None
+    dv_accum: object = None
+    head_splits: int | None = None
 
 
 class BwdPostArgs(NamedTuple):
@@ -75,9 +78,18 @@ class BwdPostArgs(NamedTuple):
     max_seqlen_q: int | None = None
 
 
+class BwdKvPostArgs(NamedTuple):
+    dk_accum: object
+    dv_accum: object
+    dk: object
+    dv: object
+    cu_seqlens_k: object = None
+    max_seqlen_k: int | None = None
+
+
 RECORDS = {"sm80": ForwardArgs, "tma": ForwardArgs, "sm90": ForwardArgs, "merge": MergeArgs,
            "bwd_pre": BwdPrepArgs, "bwd_sm80": BwdArgs, "bwd_sm90": BwdArgs,
-           "bwd_post": BwdPostArgs}
+           "bwd_post": BwdPostArgs, "bwd_post_kv": BwdKvPostArgs}
 
 
 def for_kernel(args: tuple, used: tuple) -> tuple:

@@ -20,8 +20,8 @@ from ..arch import Arch
 from ..compile.cache import get_kernel
 from ..compile.keys import KernelKey, MergeKey
 from ..compile.registry import used_arguments
-from ..tuning import (DECODE_MAX_SEQLEN_Q, PREFILL_ONLY, auto_short_causal, bwd_keys,
-                      decode_ctas_per_sm, decode_key, decode_rows_class, is_small_grid,
+from ..tuning import (DECODE_MAX_SEQLEN_Q, PREFILL_ONLY, auto_short_causal, bwd_head_splits,
+                      bwd_keys, decode_ctas_per_sm, decode_key, decode_rows_class, is_small_grid,
                       kernel_key, num_splits_heuristic)
 from .call import RAGGED, AttentionCall, BackwardCall, MergeCall
 from .device import Device
@@ -48,12 +48,14 @@ class ForwardPlan(NamedTuple):
 
 class BackwardPlan(NamedTuple):
     """The preprocess, main and postprocess kernels (keys, compiled functions, arguments
-    taken) and the main kernel's tile, which sizes dq's float32 sums."""
+    taken; with head_splits > 1 the dK/dV postprocess fourth) and the main kernel's tile,
+    which sizes the float32 sums."""
 
     keys: tuple
     kernels: tuple
     used: tuple
     tile: object
+    head_splits: int = 1
 
     def kernel_keys(self) -> tuple:
         return self.keys
@@ -239,6 +241,9 @@ def _splits(call: AttentionCall, key, device: Device, ctas_per_sm: int) -> int:
 
 
 def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan:
+    """The unsplit plan of the call's features, then, where its main kernel is the wgmma one
+    and a K/V group has several query heads, the plan of its head_splits (the call's, or
+    `tuning.bwd_head_splits`' for its grid)."""
     over = _OVERRIDES[0]
     f = call.features
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
@@ -246,14 +251,31 @@ def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan
              compile)
     found = _BACKWARD.get(route)
     if found is None:
-        keys = bwd_keys(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
-                        local=f.local, softcap=f.softcap > 0, varlen=call.layout == RAGGED,
-                        deterministic=call.deterministic, tile_arch=over.tile_arch,
-                        backend=call.backend)
-        found = _BACKWARD[route] = BackwardPlan(
-            keys, tuple(_compiled(k, compile) for k in keys),
-            tuple(used_arguments(k) for k in keys), keys[1].tile)
+        found = _BACKWARD[route] = _backward_plan(call, device, compile, 1)
+    if call.heads_q == call.heads_kv or found.keys[1].backend != "bwd_sm90" or \
+            call.deterministic:
+        return found
+    splits = call.head_splits or bwd_head_splits(
+        -(-call.seqlen_k // found.tile.block_n), call.heads_kv, call.heads_q // call.heads_kv,
+        call.batch, device.num_sms, f.causal)
+    if splits == 1:
+        return found
+    split_route = route + (splits,)
+    found = _BACKWARD.get(split_route)
+    if found is None:
+        found = _BACKWARD[split_route] = _backward_plan(call, device, compile, splits)
     return found
+
+
+def _backward_plan(call: BackwardCall, device: Device, compile: bool,
+                   head_splits: int) -> BackwardPlan:
+    f = call.features
+    keys = bwd_keys(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
+                    local=f.local, softcap=f.softcap > 0, varlen=call.layout == RAGGED,
+                    deterministic=call.deterministic, tile_arch=_OVERRIDES[0].tile_arch,
+                    backend=call.backend, head_splits=head_splits)
+    return BackwardPlan(keys, tuple(_compiled(k, compile) for k in keys),
+                        tuple(used_arguments(k) for k in keys), keys[1].tile, head_splits)
 
 
 def _merge(call: MergeCall, device: Device, compile: bool) -> MergePlan:

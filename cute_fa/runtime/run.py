@@ -10,7 +10,8 @@ import torch
 from ..layouts.config import dq_accum_blocks
 from .call import RAGGED, AttentionCall, BackwardCall
 from .device import launch, no_lse
-from .launch import BwdArgs, BwdPostArgs, BwdPrepArgs, ForwardArgs, MergeArgs, for_kernel
+from .launch import (BwdArgs, BwdKvPostArgs, BwdPostArgs, BwdPrepArgs, ForwardArgs, MergeArgs,
+                     for_kernel)
 from .plan import BackwardPlan, ForwardPlan, MergePlan
 
 
@@ -123,13 +124,25 @@ def run_backward(call: BackwardCall, plan: BackwardPlan, dout, q, k, v, out, lse
         semaphore = torch.zeros((entries or batch, heads_q, dq_accum_blocks(
             call.max_seqlen_q if entries else seqlen_q, tile.block_m)), device=device,
             dtype=torch.int32)
+    kv_accum = (None, None)
+    if plan.head_splits > 1:  # several CTAs per key block: dK and dV summed in float32
+        _, seqlen_k, heads_kv, _ = k4.shape
+        kv_blocks = dq_accum_blocks(seqlen_k, tile.block_n, seqlen_k if entries else 0, entries)
+        kv_accum = torch.zeros((2, batch, heads_kv, kv_blocks * tile.block_n
+                                * tile.head_dim_padded), device=device, dtype=torch.float32)
     f = call.features
-    (pre, main, post), (_, used_main, used_post) = plan.kernels, plan.used
+    pre, main, post = plan.kernels[:3]
+    used_main, used_post = plan.used[1:3]
     launch(call.device_index, pre, BwdPrepArgs(out4, dout4, lse3, lse_log2, dpsum))
     launch(call.device_index, main, for_kernel(BwdArgs(
         q4, k4, v4, dout4, lse_log2, dpsum, dq_accum, dk4, dv4, call.softmax_scale,
         call.causal_offset, f.window_left, f.window_right, f.softcap, cu_seqlens_q,
-        cu_seqlens_k, call.max_seqlen_k, semaphore), used_main))
+        cu_seqlens_k, call.max_seqlen_k, semaphore, kv_accum[0], kv_accum[1],
+        plan.head_splits), used_main))
     launch(call.device_index, post, for_kernel(BwdPostArgs(
         dq_accum, dq4, call.softmax_scale, cu_seqlens_q, call.max_seqlen_q), used_post))
+    if plan.head_splits > 1:
+        launch(call.device_index, plan.kernels[3], for_kernel(BwdKvPostArgs(
+            kv_accum[0], kv_accum[1], dk4, dv4, cu_seqlens_k, call.max_seqlen_k),
+            plan.used[3]))
     return dq, dk, dv

@@ -30,7 +30,9 @@ class QueryBlocks:
 @dataclass(frozen=True)
 class KeyBlockWork:
     """One CTA's work: its key block, K/V head and batch entry, the entry's lengths, the causal
-    offset (bottom-right per entry in a ragged batch) and the query heads per K/V head."""
+    offset (bottom-right per entry in a ragged batch), the query heads it visits (`group` of
+    them from head0: the K/V head's whole group, or its share where the group is split over
+    CTAs)."""
 
     n_block: object
     head_kv: object
@@ -38,6 +40,7 @@ class KeyBlockWork:
     seqlen: SeqlenInfo
     causal_offset: object
     group: object
+    head0: object
 
 
 class FlashBwdBase:
@@ -56,12 +59,21 @@ class FlashBwdBase:
 
     @cute.jit
     def _work(self, mQ, mK, seq_mode: cutlass.Constexpr, head_mode: cutlass.Constexpr,
-              causal_offset, mCuSeqlensQ, mCuSeqlensK) -> KeyBlockWork:
+              causal_offset, mCuSeqlensQ, mCuSeqlensK, head_splits=None) -> KeyBlockWork:
         """This CTA's `KeyBlockWork` from its place in the grid (key block, K/V head, entry)
         and the extents of Q and K, whose modes seq_mode and head_mode are the sequence and
         the heads ((batch, seqlen, heads, d): 1, 2; the TMA view (seqlen, d, heads, batch): 0,
-        2)."""
+        2). head_splits: the grid's second place is K/V head * head_splits + the CTA's share
+        of the group's query heads (None: the K/V head; the CTA visits the whole group)."""
         n_block, head_kv, batch = cute.arch.block_idx()
+        group = mQ.shape[head_mode] // mK.shape[head_mode]
+        head0 = head_kv * group
+        if cutlass.const_expr(head_splits is not None):
+            share = head_kv % head_splits
+            head_kv = head_kv // head_splits
+            head0 = head_kv * group
+            group = group // head_splits
+            head0 = head0 + share * group
         if cutlass.const_expr(self.deterministic and self.causal):
             # the causal turns go from the last key block down (`_turn`): those CTAs start
             # first, so a CTA only ever waits for CTAs started before it (never for one that
@@ -71,8 +83,7 @@ class FlashBwdBase:
                                mCuSeqlensK)
         if cutlass.const_expr(self.varlen_q or self.varlen_k):
             causal_offset = seqlen.seqlen_k - seqlen.seqlen_q  # bottom-right, per entry
-        return KeyBlockWork(n_block, head_kv, batch, seqlen, causal_offset,
-                            mQ.shape[head_mode] // mK.shape[head_mode])
+        return KeyBlockWork(n_block, head_kv, batch, seqlen, causal_offset, group, head0)
 
     @cute.jit
     def _query_blocks(self, n_block, seqlen: SeqlenInfo, causal_offset, window_left,
@@ -147,17 +158,24 @@ class FlashBwdBase:
                 while count != turn:
                     count = cute.arch.load(lock, cutlass.Int32, sem="acquire", scope="gpu")
             self._dq_sync()
-        mine = chunk[None, tid]
-        acc_v = cute.make_tensor(acc_dQ.iterator, cute.make_layout((vec, cute.size(acc_dQ) // vec)))
-        for r in cutlass.range(cute.size(acc_v, mode=[1]), unroll_full=True):
-            value = acc_v[None, r].load() if cutlass.const_expr(vec > 1) else acc_v[0, r]
-            cute.arch.red(mine.iterator + r * cfg.num_threads * vec, value, op="add",
-                          dtype="f32", sem="relaxed", scope="gpu")
+        self._reduce_into(acc_dQ, chunk, tid)
         if cutlass.const_expr(self.deterministic):
             self._dq_sync()
             if tid == 0:
                 cute.arch.red(lock, cutlass.Int32(1), op="add", dtype="s32", sem="release",
                               scope="gpu")
+
+    @cute.jit
+    def _reduce_into(self, acc, chunk, tid):
+        """chunk[None, tid] += acc (an `layouts.bwd.accum_chunk` of cfg.num_threads threads):
+        float32 reductions at L2, dq_vector floats each."""
+        vec = self.dq_vector
+        mine = chunk[None, tid]
+        acc_v = cute.make_tensor(acc.iterator, cute.make_layout((vec, cute.size(acc) // vec)))
+        for r in cutlass.range(cute.size(acc_v, mode=[1]), unroll_full=True):
+            value = acc_v[None, r].load() if cutlass.const_expr(vec > 1) else acc_v[0, r]
+            cute.arch.red(mine.iterator + r * self.cfg.num_threads * vec, value, op="add",
+                          dtype="f32", sem="relaxed", scope="gpu")
 
     @cute.jit
     def _turn(self, m_block, n_block, blocks: QueryBlocks, seqlen: SeqlenInfo):

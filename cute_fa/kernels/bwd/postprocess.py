@@ -22,6 +22,15 @@ from ..common import epilogue
 from ..sched.seqlen import SeqlenInfo
 
 
+def _block_grid(out: cute.Tensor, block: int, cu_seqlens, max_seqlen, varlen: bool):
+    """(row blocks, heads, entries) of a conversion into out (B, S, H, D): a ragged batch's
+    longest entry and its entries, else out's."""
+    if cutlass.const_expr(varlen):
+        return (cute.ceil_div(max_seqlen, block), cute.size(out.shape[2]),
+                cute.size(cu_seqlens.shape[0] - 1))
+    return (cute.ceil_div(out.shape[1], block), cute.size(out.shape[2]), cute.size(out.shape[0]))
+
+
 class BwdPostprocess:
     """Built from a `compile.keys.BwdPostKey` (the main kernel's tile): dQaccum float32 (B, H,
     blocks * block_m * head_dim_padded), dQ (B, S, H, D)."""
@@ -48,12 +57,7 @@ class BwdPostprocess:
         class Storage:
             sdQ: cute.struct.Align[cute.struct.MemRange[dtype, q_elems], 1024]
 
-        if cutlass.const_expr(self.varlen):
-            grid = (cute.ceil_div(max_seqlen_q, cfg.block_m), cute.size(mdQ.shape[2]),
-                    cute.size(mCuSeqlensQ.shape[0] - 1))
-        else:
-            grid = (cute.ceil_div(mdQ.shape[1], cfg.block_m), cute.size(mdQ.shape[2]),
-                    cute.size(mdQ.shape[0]))
+        grid = _block_grid(mdQ, cfg.block_m, mCuSeqlensQ, max_seqlen_q, self.varlen)
         self.kernel(mdQaccum, mdQ, softmax_scale, Storage, mCuSeqlensQ).launch(
             grid=grid, block=(cfg.num_threads, 1, 1), smem=Storage.size_in_bytes(),
             stream=stream)
@@ -81,3 +85,61 @@ class BwdPostprocess:
             cdQ = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_q, cfg.head_dim)),
                                   (bm, dp), (m_block, 0))
             epilogue.store_O(cfg.q_rows, acc, tiled_dq, sdQ, gdQ, cdQ, seqlen.seqlen_q, tidx)
+
+
+class BwdKvPostprocess:
+    """Built from a `compile.keys.BwdKvPostKey` (the wgmma backward's tile): under kv_accum, dK
+    and dV from their float32 sums (B, H_kv, blocks * block_n * head_dim_padded; softmax_scale
+    is in dK's already), one CTA per key block of a K/V head, both stored as the main kernel
+    stores them."""
+
+    def __init__(self, key):
+        self.cfg = key.tile
+        self.varlen = key.varlen
+        self.dq_vector = bwd_layouts.dq_vector(key.arch)
+
+    @cute.jit
+    def __call__(self, mdKaccum: cute.Tensor, mdVaccum: cute.Tensor, mdK: cute.Tensor,
+                 mdV: cute.Tensor, mCuSeqlensK: Optional[cute.Tensor],
+                 max_seqlen_k: Optional[cutlass.Int32], stream):
+        """cu_seqlens_k and max_seqlen_k: a ragged batch's (None for a dense one)."""
+        cfg = self.cfg
+        dtype = cutlass_dtype(cfg.dtype)
+        kv_elems = cute.cosize(smem.smem_layout_o(cfg.kv_rows))
+
+        @cute.struct
+        class Storage:
+            sdK: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
+            sdV: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
+
+        grid = _block_grid(mdK, cfg.block_n, mCuSeqlensK, max_seqlen_k, self.varlen)
+        self.kernel(mdKaccum, mdVaccum, mdK, mdV, Storage, mCuSeqlensK).launch(
+            grid=grid, block=(cfg.num_threads, 1, 1), smem=Storage.size_in_bytes(),
+            stream=stream)
+
+    @cute.kernel
+    def kernel(self, mdKaccum: cute.Tensor, mdVaccum: cute.Tensor, mdK: cute.Tensor,
+               mdV: cute.Tensor, Storage: cutlass.Constexpr, mCuSeqlensK: Optional[cute.Tensor]):
+        cfg = self.cfg
+        bn, dp = cfg.block_n, cfg.head_dim_padded
+        tidx, _, _ = cute.arch.thread_idx()
+        n_block, head_kv, batch = cute.arch.block_idx()
+        seqlen = SeqlenInfo.of(batch, 0, mdK.shape[1], None, mCuSeqlensK)
+        if n_block * bn < seqlen.seqlen_k:
+            tiled_dkv = bwd_wgmma.tiled_mma_dkv(cfg)
+            shape = tiled_dkv.get_slice(tidx).partition_shape_C((bn, dp))
+            block = bwd_layouts.dq_block(n_block, batch, bn, mCuSeqlensK)
+            entry = 0 if cutlass.const_expr(self.varlen) else batch
+            storage = cutlass.memory.SmemAllocator().allocate(Storage)
+            cdK = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_k, cfg.head_dim)),
+                                  (bn, dp), (n_block, 0))
+            for sums, out, buffer in ((mdKaccum, mdK, storage.sdK), (mdVaccum, mdV, storage.sdV)):
+                chunk = bwd_layouts.kv_accum_chunk(sums, entry, head_kv, block, cfg,
+                                                   self.dq_vector)
+                acc = cute.make_rmem_tensor(shape, cutlass.Float32)
+                for i in cutlass.range(cute.size(acc), unroll_full=True):
+                    acc[i] = chunk[i, tidx]
+                epilogue.store_O(cfg.kv_rows, acc, tiled_dkv,
+                                 buffer.get_tensor(smem.smem_layout_o(cfg.kv_rows)),
+                                 cute.local_tile(seqlen.k_rows(out, batch, head_kv), (bn, dp),
+                                                 (n_block, 0)), cdK, seqlen.seqlen_k, tidx)

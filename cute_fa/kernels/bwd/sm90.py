@@ -26,10 +26,16 @@ A consumer warpgroup's query block, in issue order:
 
 deterministic: as the sm80 kernel (`base.FlashBwdBase._turn`), one CTA at a time per query
 block's dQ sums, in key-block order, the consumers passing the turn on a counter.
+
+kv_accum (a K/V group's query heads split over head_splits CTAs, so that a small batch of few
+K/V heads still fills the GPU and a causal grid's long key blocks are cut down): each CTA
+visits its share of the group and adds its dK and dV into float32 sums, as dQ's, which the
+second postprocess converts.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import cutlass
@@ -37,7 +43,7 @@ import cutlass.cute as cute
 import cutlass.memory
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from ...layouts import bwd_wgmma, ring, smem, tma, wgmma
+from ...layouts import bwd as bwd_layouts, bwd_wgmma, ring, smem, tma, wgmma
 from ...layouts._types import cutlass_dtype
 from ..common import epilogue, mask
 from ..common.launch import occupancy_options
@@ -57,6 +63,7 @@ class FlashBwdSm90(FlashBwdBase):
         super().__init__(key)
         self.bars = bwd_wgmma.QBarriers(self.cfg.q_stages)
         self.roles = wgmma.WarpRoles(self.cfg.consumers)
+        self.kv_accum = key.kv_accum
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor,
@@ -66,7 +73,8 @@ class FlashBwdSm90(FlashBwdBase):
                  window_right: Optional[cutlass.Int32], softcap: Optional[cutlass.Float32],
                  mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
                  max_seqlen_k: Optional[cutlass.Int32], mSemaphore: Optional[cute.Tensor],
-                 stream):
+                 mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor],
+                 head_splits: Optional[cutlass.Int32], stream):
         """The optional arguments are those the key asks for (`compile.registry`), None
         elsewhere."""
         cfg = self.cfg
@@ -85,13 +93,15 @@ class FlashBwdSm90(FlashBwdBase):
         Storage = bwd_wgmma.shared_storage(cfg, self.bars.count)
         scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
         keys = max_seqlen_k if cutlass.const_expr(self.varlen_k) else mK.shape[1]
-        grid = (cute.ceil_div(keys, cfg.block_n), cute.size(mK.shape[2]),
+        heads = mK.shape[2] * head_splits if cutlass.const_expr(self.kv_accum) else mK.shape[2]
+        grid = (cute.ceil_div(keys, cfg.block_n), cute.size(heads),
                 cute.size(mCuSeqlensQ.shape[0] - 1 if cutlass.const_expr(self.varlen_q)
                           else mQ.shape[0]))
         self.kernel(tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V,
                     tma_V, mLSE, mD, mdQaccum, mdK, mdV, scale_log2, softmax_scale,
                     causal_offset, Storage, mCuSeqlensQ, mCuSeqlensK, window_left,
-                    window_right, softcap_scale, mSemaphore).launch(
+                    window_right, softcap_scale, mSemaphore, mdKaccum, mdVaccum,
+                    head_splits).launch(
             grid=grid, block=(self.roles.threads, 1, 1),
             smem=Storage.size_in_bytes(), stream=stream, **occupancy_options(self.ctas_per_sm))
 
@@ -104,13 +114,16 @@ class FlashBwdSm90(FlashBwdBase):
                causal_offset: Optional[cutlass.Int32], Storage: cutlass.Constexpr,
                mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
                window_left: Optional[cutlass.Int32], window_right: Optional[cutlass.Int32],
-               softcap_scale: Optional[cutlass.Float32], mSemaphore: Optional[cute.Tensor]):
+               softcap_scale: Optional[cutlass.Float32], mSemaphore: Optional[cute.Tensor],
+               mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor],
+               head_splits: Optional[cutlass.Int32]):
         cfg, bars = self.cfg, self.bars
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        work = self._work(tma_Q, tma_K, 0, 2, causal_offset, mCuSeqlensQ, mCuSeqlensK)
+        work = self._work(tma_Q, tma_K, 0, 2, causal_offset, mCuSeqlensQ, mCuSeqlensK,
+                          head_splits)
         n_block, head_kv, batch, seqlen = work.n_block, work.head_kv, work.batch, work.seqlen
-        causal_offset, group = work.causal_offset, work.group
+        causal_offset, group, head0 = work.causal_offset, work.group, work.head0
 
         storage = cutlass.memory.SmemAllocator().allocate(Storage)
         mbar = storage.mbar.data_ptr()
@@ -121,7 +134,7 @@ class FlashBwdSm90(FlashBwdBase):
                 for i in cutlass.range_constexpr(bars.rows_full, bars.empty):
                     cute.arch.mbarrier_init(mbar + i, 32)  # the row loader's lanes
                 for i in cutlass.range_constexpr(bars.empty, bars.count):
-                    cute.arch.mbarrier_init(mbar + i, cfg.num_threads // 32)
+                    cute.arch.mbarrier_init(mbar + i, self._empty_arrivals())
                 cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
@@ -136,25 +149,25 @@ class FlashBwdSm90(FlashBwdBase):
                 if warp == 0:
                     self._produce(storage, tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K,
                                   tma_K, tma_atom_V, tma_V, seqlen, blocks, batch, head_kv,
-                                  group, n_block, per_head, steps)
+                                  head0, n_block, per_head, steps)
                 if warp == 1:
-                    self._load_rows(storage, mLSE, mD, seqlen, blocks, batch, head_kv, group,
+                    self._load_rows(storage, mLSE, mD, seqlen, blocks, batch, head0,
                                     per_head, steps)
             else:
                 cute.arch.setmaxregister_increase(self.roles.consumer_regs)
-                self._consume(storage, mdQaccum, mdK, mdV, scale_log2, softmax_scale,
-                              softcap_scale, seqlen, blocks, batch, head_kv, group, n_block,
-                              per_head, steps, mCuSeqlensQ, mSemaphore,
-                              tidx - wgmma.WARPGROUP_THREADS)
+                grads = Grads(mdQaccum, mdK, mdV, mdKaccum, mdVaccum, mSemaphore)
+                self._consume(storage, grads, scale_log2, softmax_scale, softcap_scale, seqlen,
+                              blocks, batch, head_kv, head0, n_block, per_head, steps,
+                              mCuSeqlensQ, mCuSeqlensK, tidx - wgmma.WARPGROUP_THREADS)
 
     # ---- the producer warpgroup ----
 
     @cute.jit
-    def _step_place(self, i, blocks: QueryBlocks, head_kv, group, per_head):
-        """(query head, query block) of step i: the group's heads in turn, each over its
-        query blocks."""
+    def _step_place(self, i, blocks: QueryBlocks, head0, per_head):
+        """(query head, query block) of step i: the CTA's heads from head0 in turn, each over
+        its query blocks."""
         g = i // per_head
-        return head_kv * group + g, blocks.m_lo + i - g * per_head
+        return head0 + g, blocks.m_lo + i - g * per_head
 
     @cute.jit
     def _wait_empty(self, mbar, i):
@@ -167,7 +180,7 @@ class FlashBwdSm90(FlashBwdBase):
     @cute.jit
     def _produce(self, storage, tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K,
                  tma_atom_V, tma_V, seqlen: SeqlenInfo, blocks: QueryBlocks, batch, head_kv,
-                 group, n_block, per_head, steps):
+                 head0, n_block, per_head, steps):
         """Warp 0: K and V once, then Q and dO of every step, each stage refilled once its
         consumers have released it. The copies elect their own lane."""
         cfg, bars = self.cfg, self.bars
@@ -193,7 +206,7 @@ class FlashBwdSm90(FlashBwdBase):
                                                        cute.group_modes(gKV, 0, 2))
                 cute.copy(atom, tKVgKV, tKVsKV, tma_bar_ptr=mbar + bars.kv)
             for i in cutlass.range(steps, unroll=1):
-                head, m_block = self._step_place(i, blocks, head_kv, group, per_head)
+                head, m_block = self._step_place(i, blocks, head0, per_head)
                 stage = self._wait_empty(mbar, i)
                 for atom, src, dst, full in ((tma_atom_Q, tma_Q, sQ, bars.q_full),
                                              (tma_atom_dO, tma_dO, sdO, bars.do_full)):
@@ -209,7 +222,7 @@ class FlashBwdSm90(FlashBwdBase):
 
     @cute.jit
     def _load_rows(self, storage, mLSE, mD, seqlen: SeqlenInfo, blocks: QueryBlocks, batch,
-                   head_kv, group, per_head, steps):
+                   head0, per_head, steps):
         """Warp 1: each step's LSE and D rows into their stage, lane by lane; rows past the
         entry's queries get LSE = +inf (weights 0) and D = 0. Each lane arrives on the stage's
         barrier once its own stores are done."""
@@ -220,7 +233,7 @@ class FlashBwdSm90(FlashBwdBase):
         sD = storage.sD.get_tensor(cute.make_layout(bm * cfg.q_stages))
         lane = cute.arch.lane_idx()
         for i in cutlass.range(steps, unroll=1):
-            head, m_block = self._step_place(i, blocks, head_kv, group, per_head)
+            head, m_block = self._step_place(i, blocks, head0, per_head)
             stage = self._wait_empty(mbar, i)
             lse = seqlen.lse_row(mLSE, batch, head)
             d = seqlen.lse_row(mD, batch, head)
@@ -237,6 +250,18 @@ class FlashBwdSm90(FlashBwdBase):
 
     # ---- the consumers ----
 
+    def _empty_arrivals(self) -> int:
+        """Arrivals that free a stage: every consumer thread's (`_release`)."""
+        return self.cfg.num_threads
+
+    @cute.jit
+    def _release(self, mbar, stage):
+        """This thread is done with the stage (its warpgroup's wgmmas have read Q and dO, it
+        has read its LSE and D rows). Each thread arrives, so that the arrive's release covers
+        its own reads before the row loader rewrites those rows (one arrival per warp after
+        sync_warp ran as fast, and compute-sanitizer's racecheck reports it as a race)."""
+        cute.arch.mbarrier_arrive(mbar + self.bars.empty + stage)
+
     def _consumer_sync(self):
         cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=self.cfg.num_threads)
 
@@ -245,9 +270,9 @@ class FlashBwdSm90(FlashBwdBase):
         self._consumer_sync()
 
     @cute.jit
-    def _consume(self, storage, mdQaccum, mdK, mdV, scale_log2, softmax_scale, softcap_scale,
-                 seqlen: SeqlenInfo, blocks: QueryBlocks, batch, head_kv, group, n_block,
-                 per_head, steps, mCuSeqlensQ, mSemaphore, ctidx):
+    def _consume(self, storage, grads: "Grads", scale_log2, softmax_scale, softcap_scale,
+                 seqlen: SeqlenInfo, blocks: QueryBlocks, batch, head_kv, head0, n_block,
+                 per_head, steps, mCuSeqlensQ, mCuSeqlensK, ctidx):
         cfg, bars = self.cfg, self.bars
         bm, bn, dp, stages = cfg.block_m, cfg.block_n, cfg.head_dim_padded, cfg.q_stages
         dtype = cutlass_dtype(cfg.dtype)
@@ -299,7 +324,7 @@ class FlashBwdSm90(FlashBwdBase):
         if steps > 0:
             cute.arch.mbarrier_wait(mbar + bars.kv, 0)
         for i in cutlass.range(steps, unroll=1):
-            head, m_block = self._step_place(i, blocks, head_kv, group, per_head)
+            head, m_block = self._step_place(i, blocks, head0, per_head)
             stage, phase = ring.ring_slot(i, stages)
             cute.arch.mbarrier_wait(mbar + bars.q_full + stage, phase)
             acc_S = cute.make_rmem_tensor(shape_S, cutlass.Float32)
@@ -346,25 +371,43 @@ class FlashBwdSm90(FlashBwdBase):
             acc_dQ = cute.make_rmem_tensor(shape_dQ, cutlass.Float32)
             gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, True)
             warpgroup.wait_group(0)
-            if cute.arch.lane_idx() == 0:
-                cute.arch.mbarrier_arrive(mbar + bars.empty + stage)
-            self._add_dq(acc_dQ, mdQaccum, head, m_block, n_block, blocks, seqlen, batch,
-                         mCuSeqlensQ, mSemaphore, None, None, ctidx)
+            self._release(mbar, stage)
+            self._add_dq(acc_dQ, grads.dq_accum, head, m_block, n_block, blocks, seqlen, batch,
+                         mCuSeqlensQ, grads.semaphore, None, None, ctidx)
             self._consumer_sync()  # every warpgroup's dQ has read dS before it is rewritten
 
         # dS was formed from scores S = Q K^T, the logits are S * softmax_scale
         acc_dK.store(acc_dK.load() * softmax_scale)
-        rows_k = cfg.kv_rows
-        cdK = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_k, cfg.head_dim)),
-                              (bn, dp), (n_block, 0))
-        sK_o = storage.sK.get_tensor(smem.smem_layout_o(rows_k))
-        sV_o = storage.sV.get_tensor(smem.smem_layout_o(rows_k))
-        epilogue.store_O(rows_k, acc_dK, mma_dkv, sK_o,
-                         cute.local_tile(seqlen.k_rows(mdK, batch, head_kv), (bn, dp),
-                                         (n_block, 0)), cdK, seqlen.seqlen_k, ctidx,
-                         sync=self._consumer_sync)
-        epilogue.store_O(rows_k, acc_dV, mma_dkv, sV_o,
-                         cute.local_tile(seqlen.k_rows(mdV, batch, head_kv), (bn, dp),
-                                         (n_block, 0)), cdK, seqlen.seqlen_k, ctidx,
-                         sync=self._consumer_sync)
+        if cutlass.const_expr(self.kv_accum):
+            block = bwd_layouts.dq_block(n_block, batch, bn, mCuSeqlensK)
+            entry = 0 if cutlass.const_expr(self.varlen_k) else batch
+            for acc, sums in ((acc_dK, grads.dk_accum), (acc_dV, grads.dv_accum)):
+                self._reduce_into(acc, bwd_layouts.kv_accum_chunk(sums, entry, head_kv, block,
+                                                                  cfg, self.dq_vector), ctidx)
+        else:
+            rows_k = cfg.kv_rows
+            cdK = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_k, cfg.head_dim)),
+                                  (bn, dp), (n_block, 0))
+            sK_o = storage.sK.get_tensor(smem.smem_layout_o(rows_k))
+            sV_o = storage.sV.get_tensor(smem.smem_layout_o(rows_k))
+            epilogue.store_O(rows_k, acc_dK, mma_dkv, sK_o,
+                             cute.local_tile(seqlen.k_rows(grads.dk, batch, head_kv), (bn, dp),
+                                             (n_block, 0)), cdK, seqlen.seqlen_k, ctidx,
+                             sync=self._consumer_sync)
+            epilogue.store_O(rows_k, acc_dV, mma_dkv, sV_o,
+                             cute.local_tile(seqlen.k_rows(grads.dv, batch, head_kv), (bn, dp),
+                                             (n_block, 0)), cdK, seqlen.seqlen_k, ctidx,
+                             sync=self._consumer_sync)
 
+
+@dataclass(frozen=True)
+class Grads:
+    """Where a CTA's gradients go: dQ's float32 sums, dK and dV (or, under kv_accum, their
+    float32 sums), and the deterministic mode's counters (None where the key has none)."""
+
+    dq_accum: object
+    dk: object
+    dv: object
+    dk_accum: object
+    dv_accum: object
+    semaphore: object
