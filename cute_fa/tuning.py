@@ -631,7 +631,7 @@ def bwd_keys(arch: str, dtype: str, head_dim: int, causal: bool, *, local: bool 
              softcap: bool = False, varlen: bool = False, deterministic: bool = False,
              tile_arch: str | None = None, backend: str = "auto", head_splits: int = 1) -> tuple:
     """(preprocess, main, postprocess) keys of one backward call, and the dK/dV postprocess's
-    where head_splits > 1 (the wgmma backward only, not deterministic)."""
+    where head_splits > 1 (the wgmma backward only)."""
     rows = RowTile(head_dim, BWD_ROWS[0], BWD_ROWS[1], dtype)
     features = dict(local=local, softcap=softcap, varlen_q=varlen, varlen_k=varlen,
                     deterministic=deterministic)

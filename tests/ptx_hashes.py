@@ -26,12 +26,16 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from cute_fa.compile.build import compile_kernel
-from cute_fa.compile.keys import MergeKey
-from cute_fa.tuning import bwd_keys, decode_key, kernel_key
-from test_compile_bwd import PLAIN as BWD_PLAIN
-from test_compile_forward import ARCHS, CASES, TMA_CASES
-from test_compile_sm90 import PLAIN
+# the cute_fa of the checkout this file is in, not whichever one an editable install names:
+# `dump` in a second worktree (the tree before a change) must compile that tree's kernels
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cute_fa.compile.build import compile_kernel  # noqa: E402
+from cute_fa.compile.keys import MergeKey  # noqa: E402
+from cute_fa.tuning import bwd_keys, decode_key, kernel_key  # noqa: E402
+from test_compile_bwd import PLAIN as BWD_PLAIN  # noqa: E402
+from test_compile_forward import ARCHS, CASES, TMA_CASES  # noqa: E402
+from test_compile_sm90 import PLAIN  # noqa: E402
 
 
 def _feature_keys() -> list:

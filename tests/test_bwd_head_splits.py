@@ -1,8 +1,9 @@
 """The wgmma backward's split of a K/V group's query heads over CTAs, on the CPU: how many
 splits the plan picks for a grid (counted here by hand), what it launches then (the main
-kernel with dK and dV's float32 sums, zeroed and sized by the tile, and the dK/dV
-postprocess after dQ's), where it never splits (MHA, deterministic, the mma.sync backward),
-and that the kernels it needs compile for sm_90a and precompile plans them."""
+kernel with dK and dV's float32 sums, zeroed and sized by the tile, the deterministic mode's
+counters of those sums, and the dK/dV postprocess after dQ's), where it never splits (MHA,
+the mma.sync backward), and that the kernels it needs compile for sm_90a and precompile plans
+them."""
 
 import re
 
@@ -45,8 +46,9 @@ def test_keys_of_a_split_backward():
     assert not bwd_keys("sm_90a", "bfloat16", 128, True)[1].kv_accum
     with pytest.raises(ValueError, match="wgmma backward"):
         bwd_keys("sm_80", "bfloat16", 128, True, head_splits=2)
-    with pytest.raises(ValueError, match="deterministic"):
-        bwd_keys("sm_90a", "bfloat16", 128, True, head_splits=2, deterministic=True)
+    assert not main.ordered_kv_sums
+    ordered = bwd_keys("sm_90a", "bfloat16", 128, True, head_splits=2, deterministic=True)[1]
+    assert ordered.kv_accum and ordered.deterministic and ordered.ordered_kv_sums
 
 
 def _gqa(batch, seqlen, heads_q, heads_kv, head_dim=128):
@@ -84,7 +86,7 @@ def test_a_small_gqa_batch_splits_its_groups(launches):
 
 @pytest.mark.parametrize("batch, seqlen, heads_q, heads_kv, deterministic", [
     (1, 2048, 8, 8, False),    # MHA: nothing to split
-    (1, 2048, 32, 8, True),    # deterministic: one CTA per key block
+    (1, 2048, 8, 8, True),
     (1, 4352, 64, 32, False),  # 34 key blocks x 32 K/V heads = 1088 CTAs: full enough
 ])
 def test_no_split(launches, batch, seqlen, heads_q, heads_kv, deterministic):
@@ -95,6 +97,28 @@ def test_no_split(launches, batch, seqlen, heads_q, heads_kv, deterministic):
     assert [key.backend for key in keys] == ["bwd_pre", "bwd_sm90", "bwd_post"]
     assert not keys[1].kv_accum
     assert named_arguments(*recorded[1])["head_splits"] is None
+
+
+def test_deterministic_splits_and_orders_the_sums(launches):
+    """deterministic splits as the default does; the shares of a key block add their dK and dV
+    in turn, on int32 counters (batch, heads_kv, key blocks), zeroed, beside dQ's counters."""
+    recorded, _ = launches
+    backward(*_gqa(1, 2048, 32, 8), True, deterministic=True)
+    keys = [key for key, _ in recorded]
+    assert [key.backend for key in keys] == ["bwd_pre", "bwd_sm90", "bwd_post", "bwd_post_kv"]
+    assert keys[1].ordered_kv_sums
+    main = named_arguments(*recorded[1])
+    assert main["head_splits"] == 4
+    counters = main["kv_semaphore"]
+    assert counters.dtype == torch.int32 and counters.shape == (1, 8, 2048 // keys[1].tile.block_n)
+    assert (counters == 0).all()
+    assert main["semaphore"].shape[:2] == (1, 32)
+
+
+def test_default_has_no_sum_counters(launches):
+    recorded, _ = launches
+    backward(*_gqa(1, 2048, 32, 8), True)
+    assert named_arguments(*recorded[1])["kv_semaphore"] is None
 
 
 def test_the_mma_sync_backward_never_splits(launches):
@@ -134,6 +158,10 @@ def test_split_kernels_compile_for_sm90a():
     from cute_fa.compile.ptxas import ptxas_resources
     from cute_fa.tuning import BWD_SM90_SPILL_BUDGET
 
+    ordered = bwd_keys("sm_90a", "bfloat16", 128, True, head_splits=2, deterministic=True)[1]
+    ptx = compile_kernel(ordered, keep_ptx=True).__ptx__
+    # two release reductions: dQ's turn (in the loop) and the sums' turn (at the end)
+    assert len(re.findall(r"red\.release\.gpu\.global\.add\.(?:s|u)32", ptx)) == 2
     for head_dim in (64, 128):
         _, main, _, post_kv = bwd_keys("sm_90a", "bfloat16", head_dim, True, head_splits=2)
         split = compile_kernel(main, keep_ptx=True).__ptx__

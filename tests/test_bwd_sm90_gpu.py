@@ -237,6 +237,22 @@ def test_split_groups_varlen(monkeypatch, window):
 
 
 @needs_sm90
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape, splits", [((1, 1000, 1000, 8, 2, 128), 4),
+                                           ((1, 2048, 2048, 32, 4, 64), 8)],
+                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
+def test_split_groups_deterministic(monkeypatch, shape, splits, causal):
+    """Split groups under deterministic: three runs bitwise equal (dK and dV's shares add in
+    turn), and the gradients pass."""
+    _force_splits(monkeypatch, splits)
+    q, k, v, dout = _inputs(shape, torch.bfloat16, 19)
+    runs = [_sm90_grads(q, k, v, dout, causal=causal, deterministic=True) for _ in range(3)]
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+    check_grads(runs[0], q, k, v, dout, causal=causal)
+
+
+@needs_sm90
 def test_auto_splits_a_small_gqa_batch():
     """B 1, S 2048, 32/8 heads, causal on the H200's 132 SMs: `tuning.bwd_head_splits` splits
     each group in 4 (one query head per CTA); the gradients pass."""

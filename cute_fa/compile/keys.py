@@ -140,7 +140,8 @@ class BwdSm90Key(KernelKey):
     kv_accum: the query heads of a K/V group are split over head_splits CTAs (a kernel
     argument), which add their dK and dV into float32 sums (`layouts.bwd.kv_accum_chunk`) that
     `BwdKvPostKey`'s kernel converts; without it one CTA visits the whole group and stores dK
-    and dV itself. Sums in arrival order are not deterministic, so the two exclude each other."""
+    and dV itself. With deterministic too, the CTAs of a key block add their sums in the order
+    of their shares, on a counter per key block (`ordered_kv_sums`)."""
 
     tile: WgmmaBwdTileConfig = None
     deterministic: bool = False
@@ -149,9 +150,11 @@ class BwdSm90Key(KernelKey):
 
     def __post_init__(self):
         _check_backward_key(self, WgmmaBwdTileConfig)
-        if self.kv_accum and self.deterministic:
-            raise ValueError("kv_accum adds dK and dV in arrival order; deterministic needs "
-                             "one CTA per key block")
+
+    @property
+    def ordered_kv_sums(self) -> bool:
+        """dK and dV's float32 sums taken in share order (kv_accum and deterministic)."""
+        return self.kv_accum and self.deterministic
 
 
 @dataclass(frozen=True)

@@ -77,10 +77,12 @@ BWD_ARGUMENTS = _args(
     ("cu_seqlens_k", "int32_vector", ("varlen_k",)), ("max_seqlen_k", "int32", ("varlen_k",)),
     ("semaphore", "int32_tensor3", ("deterministic",)))
 # the wgmma backward's, then dK's and dV's float32 sums (batch, heads_kv, blocks * block_n *
-# head_dim_padded) and the CTAs a K/V group's query heads are split over, under kv_accum
+# head_dim_padded) and the CTAs a K/V group's query heads are split over, under kv_accum, and
+# deterministic's counters of those sums int32 (batch, heads_kv, key blocks)
 BWD_SM90_ARGUMENTS = BWD_ARGUMENTS + _args(
     ("dk_accum", "accum3", ("kv_accum",)), ("dv_accum", "accum3", ("kv_accum",)),
-    ("head_splits", "int32", ("kv_accum",)))
+    ("head_splits", "int32", ("kv_accum",)),
+    ("kv_semaphore", "int32_tensor3", ("ordered_kv_sums",)))
 BWD_PREP_ARGUMENTS = _args(("out", "qkvo"), ("dout", "qkvo"), ("lse", "lse"),
                            ("lse_log2", "lse"), ("dpsum", "lse"))
 BWD_POST_ARGUMENTS = _args(("dq_accum", "accum3"), ("dq", "qkvo"), ("softmax_scale", "float32"),

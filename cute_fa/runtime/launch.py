@@ -68,6 +68,7 @@ class BwdArgs(NamedTuple):
     dk_accum: object = None
     dv_accum: object = None
     head_splits: int | None = None
+    kv_semaphore: object = None
 
 
 class BwdPostArgs(NamedTuple):

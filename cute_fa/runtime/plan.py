@@ -252,8 +252,7 @@ def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan
     found = _BACKWARD.get(route)
     if found is None:
         found = _BACKWARD[route] = _backward_plan(call, device, compile, 1)
-    if call.heads_q == call.heads_kv or found.keys[1].backend != "bwd_sm90" or \
-            call.deterministic:
+    if call.heads_q == call.heads_kv or found.keys[1].backend != "bwd_sm90":
         return found
     splits = call.head_splits or bwd_head_splits(
         -(-call.seqlen_k // found.tile.block_n), call.heads_kv, call.heads_q // call.heads_kv,

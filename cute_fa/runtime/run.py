@@ -124,12 +124,16 @@ def run_backward(call: BackwardCall, plan: BackwardPlan, dout, q, k, v, out, lse
         semaphore = torch.zeros((entries or batch, heads_q, dq_accum_blocks(
             call.max_seqlen_q if entries else seqlen_q, tile.block_m)), device=device,
             dtype=torch.int32)
-    kv_accum = (None, None)
+    kv_accum, kv_semaphore = (None, None), None
     if plan.head_splits > 1:  # several CTAs per key block: dK and dV summed in float32
         _, seqlen_k, heads_kv, _ = k4.shape
         kv_blocks = dq_accum_blocks(seqlen_k, tile.block_n, seqlen_k if entries else 0, entries)
         kv_accum = torch.zeros((2, batch, heads_kv, kv_blocks * tile.block_n
                                 * tile.head_dim_padded), device=device, dtype=torch.float32)
+        if call.deterministic:  # the order of those sums: a counter per key block
+            kv_semaphore = torch.zeros((entries or batch, heads_kv, dq_accum_blocks(
+                call.max_seqlen_k if entries else seqlen_k, tile.block_n)), device=device,
+                dtype=torch.int32)
     f = call.features
     pre, main, post = plan.kernels[:3]
     used_main, used_post = plan.used[1:3]
@@ -138,7 +142,7 @@ def run_backward(call: BackwardCall, plan: BackwardPlan, dout, q, k, v, out, lse
         q4, k4, v4, dout4, lse_log2, dpsum, dq_accum, dk4, dv4, call.softmax_scale,
         call.causal_offset, f.window_left, f.window_right, f.softcap, cu_seqlens_q,
         cu_seqlens_k, call.max_seqlen_k, semaphore, kv_accum[0], kv_accum[1],
-        plan.head_splits), used_main))
+        plan.head_splits, kv_semaphore), used_main))
     launch(call.device_index, post, for_kernel(BwdPostArgs(
         dq_accum, dq4, call.softmax_scale, cu_seqlens_q, call.max_seqlen_q), used_post))
     if plan.head_splits > 1:

@@ -31,8 +31,8 @@ class QueryBlocks:
 class KeyBlockWork:
     """One CTA's work: its key block, K/V head and batch entry, the entry's lengths, the causal
     offset (bottom-right per entry in a ragged batch), the query heads it visits (`group` of
-    them from head0: the K/V head's whole group, or its share where the group is split over
-    CTAs)."""
+    them from head0: the K/V head's whole group, or share number `share` of it where the group
+    is split over CTAs; share 0 otherwise)."""
 
     n_block: object
     head_kv: object
@@ -41,6 +41,7 @@ class KeyBlockWork:
     causal_offset: object
     group: object
     head0: object
+    share: object = 0
 
 
 class FlashBwdBase:
@@ -66,14 +67,6 @@ class FlashBwdBase:
         2). head_splits: the grid's second place is K/V head * head_splits + the CTA's share
         of the group's query heads (None: the K/V head; the CTA visits the whole group)."""
         n_block, head_kv, batch = cute.arch.block_idx()
-        group = mQ.shape[head_mode] // mK.shape[head_mode]
-        head0 = head_kv * group
-        if cutlass.const_expr(head_splits is not None):
-            share = head_kv % head_splits
-            head_kv = head_kv // head_splits
-            head0 = head_kv * group
-            group = group // head_splits
-            head0 = head0 + share * group
         if cutlass.const_expr(self.deterministic and self.causal):
             # the causal turns go from the last key block down (`_turn`): those CTAs start
             # first, so a CTA only ever waits for CTAs started before it (never for one that
@@ -83,7 +76,16 @@ class FlashBwdBase:
                                mCuSeqlensK)
         if cutlass.const_expr(self.varlen_q or self.varlen_k):
             causal_offset = seqlen.seqlen_k - seqlen.seqlen_q  # bottom-right, per entry
-        return KeyBlockWork(n_block, head_kv, batch, seqlen, causal_offset, group, head0)
+        group = mQ.shape[head_mode] // mK.shape[head_mode]
+        head0 = head_kv * group
+        share = 0
+        if cutlass.const_expr(head_splits is not None):
+            share = head_kv % head_splits
+            head_kv = head_kv // head_splits
+            head0 = head_kv * group
+            group = group // head_splits
+            head0 = head0 + share * group
+        return KeyBlockWork(n_block, head_kv, batch, seqlen, causal_offset, group, head0, share)
 
     @cute.jit
     def _query_blocks(self, n_block, seqlen: SeqlenInfo, causal_offset, window_left,
@@ -151,19 +153,31 @@ class FlashBwdBase:
         if cutlass.const_expr(self.deterministic):
             if cutlass.const_expr(lock is None):
                 lock = mSemaphore[batch, head, None].iterator + m_block
-            turn = self._turn(m_block, n_block, blocks, seqlen)
-            if tid == 0:
-                count = seen if cutlass.const_expr(seen is not None) else cute.arch.load(
-                    lock, cutlass.Int32, sem="acquire", scope="gpu")
-                while count != turn:
-                    count = cute.arch.load(lock, cutlass.Int32, sem="acquire", scope="gpu")
+            self._wait_turn(lock, self._turn(m_block, n_block, blocks, seqlen), tid, seen)
             self._dq_sync()
         self._reduce_into(acc_dQ, chunk, tid)
         if cutlass.const_expr(self.deterministic):
             self._dq_sync()
-            if tid == 0:
-                cute.arch.red(lock, cutlass.Int32(1), op="add", dtype="s32", sem="release",
-                              scope="gpu")
+            self._pass_turn(lock, tid)
+
+    @cute.jit
+    def _wait_turn(self, lock, turn, tid, seen=None):
+        """Thread 0 spins until the counter at lock reads turn (acquire: the sums added before
+        it are visible); seen: its value read already, else None. The caller's barrier then
+        holds the other threads."""
+        if tid == 0:
+            count = seen if cutlass.const_expr(seen is not None) else cute.arch.load(
+                lock, cutlass.Int32, sem="acquire", scope="gpu")
+            while count != turn:
+                count = cute.arch.load(lock, cutlass.Int32, sem="acquire", scope="gpu")
+
+    @cute.jit
+    def _pass_turn(self, lock, tid):
+        """After the caller's barrier (every thread's sums issued): thread 0 passes the turn
+        on, a release add, so the next CTA's acquire sees the sums."""
+        if tid == 0:
+            cute.arch.red(lock, cutlass.Int32(1), op="add", dtype="s32", sem="release",
+                          scope="gpu")
 
     @cute.jit
     def _reduce_into(self, acc, chunk, tid):

@@ -30,7 +30,8 @@ block's dQ sums, in key-block order, the consumers passing the turn on a counter
 kv_accum (a K/V group's query heads split over head_splits CTAs, so that a small batch of few
 K/V heads still fills the GPU and a causal grid's long key blocks are cut down): each CTA
 visits its share of the group and adds its dK and dV into float32 sums, as dQ's, which the
-second postprocess converts.
+second postprocess converts. deterministic too: the shares of a key block add in turn, on a
+counter per key block.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class FlashBwdSm90(FlashBwdBase):
                  mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
                  max_seqlen_k: Optional[cutlass.Int32], mSemaphore: Optional[cute.Tensor],
                  mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor],
-                 head_splits: Optional[cutlass.Int32], stream):
+                 head_splits: Optional[cutlass.Int32], mKvSemaphore: Optional[cute.Tensor],
+                 stream):
         """The optional arguments are those the key asks for (`compile.registry`), None
         elsewhere."""
         cfg = self.cfg
@@ -101,7 +103,7 @@ class FlashBwdSm90(FlashBwdBase):
                     tma_V, mLSE, mD, mdQaccum, mdK, mdV, scale_log2, softmax_scale,
                     causal_offset, Storage, mCuSeqlensQ, mCuSeqlensK, window_left,
                     window_right, softcap_scale, mSemaphore, mdKaccum, mdVaccum,
-                    head_splits).launch(
+                    head_splits, mKvSemaphore).launch(
             grid=grid, block=(self.roles.threads, 1, 1),
             smem=Storage.size_in_bytes(), stream=stream, **occupancy_options(self.ctas_per_sm))
 
@@ -116,7 +118,7 @@ class FlashBwdSm90(FlashBwdBase):
                window_left: Optional[cutlass.Int32], window_right: Optional[cutlass.Int32],
                softcap_scale: Optional[cutlass.Float32], mSemaphore: Optional[cute.Tensor],
                mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor],
-               head_splits: Optional[cutlass.Int32]):
+               head_splits: Optional[cutlass.Int32], mKvSemaphore: Optional[cute.Tensor]):
         cfg, bars = self.cfg, self.bars
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -155,10 +157,11 @@ class FlashBwdSm90(FlashBwdBase):
                                     per_head, steps)
             else:
                 cute.arch.setmaxregister_increase(self.roles.consumer_regs)
-                grads = Grads(mdQaccum, mdK, mdV, mdKaccum, mdVaccum, mSemaphore)
+                grads = Grads(mdQaccum, mdK, mdV, mdKaccum, mdVaccum, mSemaphore, mKvSemaphore)
                 self._consume(storage, grads, scale_log2, softmax_scale, softcap_scale, seqlen,
                               blocks, batch, head_kv, head0, n_block, per_head, steps,
-                              mCuSeqlensQ, mCuSeqlensK, tidx - wgmma.WARPGROUP_THREADS)
+                              mCuSeqlensQ, mCuSeqlensK, tidx - wgmma.WARPGROUP_THREADS,
+                              work.share)
 
     # ---- the producer warpgroup ----
 
@@ -272,7 +275,7 @@ class FlashBwdSm90(FlashBwdBase):
     @cute.jit
     def _consume(self, storage, grads: "Grads", scale_log2, softmax_scale, softcap_scale,
                  seqlen: SeqlenInfo, blocks: QueryBlocks, batch, head_kv, head0, n_block,
-                 per_head, steps, mCuSeqlensQ, mCuSeqlensK, ctidx):
+                 per_head, steps, mCuSeqlensQ, mCuSeqlensK, ctidx, share):
         cfg, bars = self.cfg, self.bars
         bm, bn, dp, stages = cfg.block_m, cfg.block_n, cfg.head_dim_padded, cfg.q_stages
         dtype = cutlass_dtype(cfg.dtype)
@@ -381,9 +384,19 @@ class FlashBwdSm90(FlashBwdBase):
         if cutlass.const_expr(self.kv_accum):
             block = bwd_layouts.dq_block(n_block, batch, bn, mCuSeqlensK)
             entry = 0 if cutlass.const_expr(self.varlen_k) else batch
+            lock = None
+            if cutlass.const_expr(self.deterministic):
+                # the key block's shares add in turn, share 0 first: each waits only for CTAs
+                # the grid starts before it (the previous share is the previous grid row)
+                lock = grads.kv_semaphore[batch, head_kv, None].iterator + n_block
+                self._wait_turn(lock, share, ctidx)
+                self._consumer_sync()
             for acc, sums in ((acc_dK, grads.dk_accum), (acc_dV, grads.dv_accum)):
                 self._reduce_into(acc, bwd_layouts.kv_accum_chunk(sums, entry, head_kv, block,
                                                                   cfg, self.dq_vector), ctidx)
+            if cutlass.const_expr(self.deterministic):
+                self._consumer_sync()
+                self._pass_turn(lock, ctidx)
         else:
             rows_k = cfg.kv_rows
             cdK = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_k, cfg.head_dim)),
@@ -403,7 +416,8 @@ class FlashBwdSm90(FlashBwdBase):
 @dataclass(frozen=True)
 class Grads:
     """Where a CTA's gradients go: dQ's float32 sums, dK and dV (or, under kv_accum, their
-    float32 sums), and the deterministic mode's counters (None where the key has none)."""
+    float32 sums), and the deterministic mode's counters of dQ's and (under kv_accum) of dK
+    and dV's sums (None where the key has none)."""
 
     dq_accum: object
     dk: object
@@ -411,3 +425,4 @@ class Grads:
     dk_accum: object
     dv_accum: object
     semaphore: object
+    kv_semaphore: object
