@@ -148,6 +148,13 @@ def test_a_ragged_batch_splits_by_its_longest_entry(launches):
     assert main["dk_accum"].shape == (1, 2, (517 // bn + 3) * bn * 128)
     post_kv = named_arguments(*recorded[3])
     assert post_kv["cu_seqlens_k"] is cu and post_kv["max_seqlen_k"] == 300
+    assert main["kv_semaphore"] is None
+    recorded.clear()
+    backward_varlen(dout, q, k, v, out, torch.randn(8, 517), cu, cu, max(lens), max(lens),
+                    causal=True, deterministic=True)
+    main = named_arguments(*recorded[1])
+    # a counter per (entry, K/V head, key block of the longest entry)
+    assert main["kv_semaphore"].shape == (3, 2, 3) and (main["kv_semaphore"] == 0).all()
 
 
 def test_split_kernels_compile_for_sm90a():
