@@ -59,6 +59,22 @@ def test_shipped_tiles_compile(head_dim, dtype, causal):
     assert "ex2.approx" in ptx and "ld.acquire" not in ptx
 
 
+SERIALIZED = ("ptxas serializes every wgmma of head_dim 64's two-consumer tiles (C7512; the "
+              "SASS waits after each HGMMA): docs/perf/2026-12-02-h200-bwd-gqa/README.md")
+
+
+@pytest.mark.parametrize("head_dim", [
+    pytest.param(64, marks=pytest.mark.xfail(strict=True, reason=SERIALIZED)), 128])
+def test_wgmmas_stay_asynchronous(head_dim):
+    """ptxas keeps the shipped tile's wgmmas asynchronous: no "wgmma.mma_async instructions are
+    serialized due to insufficient register resources" (C7512), under which S^T and dP^T
+    cannot overlap, nor dS's arithmetic the dV GEMM. Strict: a fix at head_dim 64 fails this
+    test until its mark goes."""
+    _, key, _ = bwd_keys(ARCH, "bfloat16", head_dim, True)
+    ptx = compile_kernel(key, keep_ptx=True).__ptx__
+    assert "C7512" not in ptxas_resources(ptx, ARCH)["log"]
+
+
 @pytest.mark.parametrize("head_dim", sorted(BWD_SM90_TILES))
 @pytest.mark.parametrize("feature", ["local", "softcap", "varlen", "deterministic"])
 def test_features_compile(feature, head_dim):
