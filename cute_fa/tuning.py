@@ -607,9 +607,9 @@ def bwd_backend(arch: str, dtype: str, head_dim: int, backend: str = "auto") -> 
 # added, converted by a second postprocess); it buys the SMs a small batch of few K/V heads
 # leaves idle, and under causal shorter long poles (key block 0 sees every query). A/B on the
 # H200 (bf16, head_dim 128, 32/8 and 64/8 heads, batch 1-4, docs/perf/2026-12-02-h200-bwd-gqa):
-# causal, one query head per CTA ran 1.1x-1.4x the unsplit kernel at batch 1-2 and within 3%
-# of the best split everywhere, and 8 CTAs per SM picks within 3% of the best on every row;
-# non-causal, splitting a grid that already covers the SMs once lost 6-10% (1 x 32/8 x 2k:
+# causal, one query head per CTA ran 1.06x-1.39x the unsplit kernel at batch 1 (0.98x-1.32x at
+# batch 2-4) and within 3% of the best split everywhere; 8 CTAs per SM picks within 3% of the
+# best on every row but one (4 x 64/8 x 8k: unsplit, 4% behind 4 splits); non-causal, splitting a grid that already covers the SMs once lost 6-10% (1 x 32/8 x 2k:
 # 128 CTAs), while 16 CTAs split in 4 ran 2.6x.
 BWD_HEAD_SPLIT_WAVES = {False: 0.9, True: 8}
 
