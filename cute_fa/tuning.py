@@ -609,8 +609,9 @@ def bwd_backend(arch: str, dtype: str, head_dim: int, backend: str = "auto") -> 
 # H200 (bf16, head_dim 128, 32/8 and 64/8 heads, batch 1-4, docs/perf/2026-12-02-h200-bwd-gqa):
 # causal, one query head per CTA ran 1.06x-1.39x the unsplit kernel at batch 1 (0.98x-1.32x at
 # batch 2-4) and within 3% of the best split everywhere; 8 CTAs per SM picks within 3% of the
-# best on every row but one (4 x 64/8 x 8k: unsplit, 4% behind 4 splits); non-causal, splitting a grid that already covers the SMs once lost 6-10% (1 x 32/8 x 2k:
-# 128 CTAs), while 16 CTAs split in 4 ran 2.6x.
+# best on every row but one (4 x 64/8 x 8k: unsplit, 4% behind 4 splits); non-causal,
+# splitting a grid that already covers the SMs once lost 6-10% (1 x 32/8 x 2k: 128 CTAs),
+# while 16 CTAs split in 4 ran 2.6x.
 BWD_HEAD_SPLIT_WAVES = {False: 0.9, True: 8}
 
 

@@ -194,3 +194,10 @@ def test_precompile_plans_the_split_kernels(kernels_asked):
     precompile(head_dims=128, dtypes="bfloat16", causal=True, arch="sm_90a", backward=True)
     split = [k for k in kernels_asked if isinstance(k, BwdSm90Key) and k.kv_accum]
     assert split and any(isinstance(k, BwdKvPostKey) for k in kernels_asked)
+
+
+def test_a_split_call_compiles_only_the_split_kernels(kernels_asked):
+    """The plan decides the split from the unsplit main key without compiling it."""
+    backward(*_gqa(1, 2048, 32, 8), True)
+    mains = [k for k in kernels_asked if isinstance(k, BwdSm90Key)]
+    assert mains and all(k.kv_accum for k in mains)

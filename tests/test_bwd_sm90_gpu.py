@@ -135,7 +135,12 @@ def _check_varlen(deterministic, window):
                          ids=lambda s: "x".join(map(str, s)))
 def test_deterministic_is_bitwise_repeatable(causal, shape):
     """Three runs, bitwise equal; the second shape has more key blocks x heads than SMs."""
-    q, k, v, dout = _inputs(shape, torch.bfloat16, 9)
+    _check_repeatable(shape, causal, 9)
+
+
+def _check_repeatable(shape, causal, seed):
+    """Three deterministic runs bitwise equal, and the gradients pass."""
+    q, k, v, dout = _inputs(shape, torch.bfloat16, seed)
     runs = [_sm90_grads(q, k, v, dout, causal=causal, deterministic=True) for _ in range(3)]
     for other in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
@@ -245,11 +250,7 @@ def test_split_groups_deterministic(monkeypatch, shape, splits, causal):
     """Split groups under deterministic: three runs bitwise equal (dK and dV's shares add in
     turn), and the gradients pass."""
     _force_splits(monkeypatch, splits)
-    q, k, v, dout = _inputs(shape, torch.bfloat16, 19)
-    runs = [_sm90_grads(q, k, v, dout, causal=causal, deterministic=True) for _ in range(3)]
-    for other in runs[1:]:
-        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
-    check_grads(runs[0], q, k, v, dout, causal=causal)
+    _check_repeatable(shape, causal, 19)
 
 
 @needs_sm90

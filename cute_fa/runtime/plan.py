@@ -115,13 +115,14 @@ def tile_arch() -> str | None:
 # one cache per kind of plan, each by the call's route
 _FORWARD: dict = {}  # prefill -> ForwardPlan
 _DECODE: dict = {}  # decode -> (base key, CTAs per SM, {num_splits: ForwardPlan})
-_BACKWARD: dict = {}  # -> BackwardPlan
+_BACKWARD_MAIN: dict = {}  # -> the unsplit main kernel's key (which decides the split)
+_BACKWARD: dict = {}  # route + (head splits,) -> BackwardPlan
 _MERGE: dict = {}  # -> MergePlan
 
 
 def clear_plans() -> None:
     """Forget every plan made (the next calls plan again; compiled kernels stay cached)."""
-    for cache in (_FORWARD, _DECODE, _BACKWARD, _MERGE):
+    for cache in (_FORWARD, _DECODE, _BACKWARD_MAIN, _BACKWARD, _MERGE):
         cache.clear()
 
 
@@ -241,24 +242,23 @@ def _splits(call: AttentionCall, key, device: Device, ctas_per_sm: int) -> int:
 
 
 def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan:
-    """The unsplit plan of the call's features, then, where its main kernel is the wgmma one
-    and a K/V group has several query heads, the plan of its head_splits (the call's, or
-    `tuning.bwd_head_splits`' for its grid)."""
+    """The plan of the call's features and head_splits: 1, or where the main kernel is the
+    wgmma one and a K/V group has several query heads, the call's or `tuning.bwd_head_splits`'
+    for its grid. The unsplit main key decides that, and is made without compiling: a call
+    that splits never compiles the unsplit kernel."""
     over = _OVERRIDES[0]
     f = call.features
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
              f.softcap > 0, call.layout, call.deterministic, call.backend, over.tile_arch,
              compile)
-    found = _BACKWARD.get(route)
-    if found is None:
-        found = _BACKWARD[route] = _backward_plan(call, device, compile, 1)
-    if call.heads_q == call.heads_kv or found.keys[1].backend != "bwd_sm90":
-        return found
-    splits = call.head_splits or bwd_head_splits(
-        -(-call.seqlen_k // found.tile.block_n), call.heads_kv, call.heads_q // call.heads_kv,
-        call.batch, device.num_sms, f.causal)
-    if splits == 1:
-        return found
+    main = _BACKWARD_MAIN.get(route)
+    if main is None:
+        main = _BACKWARD_MAIN[route] = _backward_keys(call, device, 1)[1]
+    splits = 1
+    if call.heads_q != call.heads_kv and main.backend == "bwd_sm90":
+        splits = call.head_splits or bwd_head_splits(
+            -(-call.seqlen_k // main.tile.block_n), call.heads_kv,
+            call.heads_q // call.heads_kv, call.batch, device.num_sms, f.causal)
     split_route = route + (splits,)
     found = _BACKWARD.get(split_route)
     if found is None:
@@ -266,13 +266,17 @@ def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan
     return found
 
 
-def _backward_plan(call: BackwardCall, device: Device, compile: bool,
-                   head_splits: int) -> BackwardPlan:
+def _backward_keys(call: BackwardCall, device: Device, head_splits: int) -> tuple:
     f = call.features
-    keys = bwd_keys(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
+    return bwd_keys(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
                     local=f.local, softcap=f.softcap > 0, varlen=call.layout == RAGGED,
                     deterministic=call.deterministic, tile_arch=_OVERRIDES[0].tile_arch,
                     backend=call.backend, head_splits=head_splits)
+
+
+def _backward_plan(call: BackwardCall, device: Device, compile: bool,
+                   head_splits: int) -> BackwardPlan:
+    keys = _backward_keys(call, device, head_splits)
     return BackwardPlan(keys, tuple(_compiled(k, compile) for k in keys),
                         tuple(used_arguments(k) for k in keys), keys[1].tile, head_splits)
 
