@@ -544,19 +544,30 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
     raise ValueError(f"no backward tile of head_dim={head_dim} fits {arch}'s shared memory")
 
 
-# the Hopper backward (kernels/bwd/sm90.py): head_dim class -> (block_m, consumers, q_stages).
-# A/B on the H200 (bf16, docs/perf/2026-12-02-h200-bwd-sm90): at head_dim 64, 128 queries per
-# step ran 7-11% faster than 64 (each K/V load serves twice the queries); at 128, a third
-# Q/dO stage ran -2% to +14% (causal S = 4k) against two.
+# the Hopper backward (kernels/bwd/sm90.py): head_dim class -> (block_m, consumers, q_stages,
+# ctas_per_sm). A/B on the H200 (bf16, docs/perf/2026-12-02-h200-bwd-sm90 and -d64):
+# - head_dim 128: a third Q/dO stage ran -2% to +14% (causal S = 4k) against two.
+# - head_dim 64: two CTAs per SM of one consumer warpgroup and 64 keys each ran 1.07x-1.22x the
+#   one CTA of two warpgroups and 128 keys x 128 queries per step (every grid and GQA shape,
+#   1.31x under a softcap). In the latter ptxas serializes every wgmma (C7512: dV's and dK's
+#   RS products of both warpgroups do not fit 240 registers beside S^T and dP^T), so S^T and
+#   dP^T never overlap; one warpgroup in half the register file (232) keeps them asynchronous,
+#   and the SM's second CTA hides each one's waits. A third stage ran within -6% to +1%; one
+#   warpgroup of 128 queries at one CTA per SM 0.89x-0.99x.
+# - deterministic at head_dim 64 keeps the 128-key tile (BWD_SM90_DETERMINISTIC_TILES): the
+#   64-key tile doubles the key blocks that take turns on each dQ block, and ran 0.87x (causal
+#   S = 4k) and 0.67x (S = 16k) of it.
 # Each consumer thread holds dK and dV of its 64 keys (64 float32 registers each at head_dim
 # 128) beside S^T and dP^T; ptxas fits that in setmaxnreg's 240 with at most
 # BWD_SM90_SPILL_BUDGET bytes of spill stores or loads (0 without a softcap; the softcap's
 # 1 - tanh^2, 32 more live registers, costs up to 128 bytes stored and 160 loaded at head_dim
 # 128).
-# Under a softcap at head_dim 64, the 128-query step spills 276 bytes stored and 368 loaded
-# (S^T and dP^T of 128 queries, 64 registers each, beside 1 - tanh^2); 64 queries spill 84.
-BWD_SM90_TILES = {64: (128, 2, 2), 128: (64, 2, 3)}
-BWD_SM90_SOFTCAP_TILES = {64: (64, 2, 2)}
+# Under a softcap with the 128-key tile at head_dim 64, the 128-query step spills 276 bytes
+# stored and 368 loaded (S^T and dP^T of 128 queries, 64 registers each, beside 1 - tanh^2); 64
+# queries spill 84.
+BWD_SM90_TILES = {64: (64, 1, 2, 2), 128: (64, 2, 3, 1)}
+BWD_SM90_DETERMINISTIC_TILES = {64: (128, 2, 2, 1)}
+BWD_SM90_DETERMINISTIC_SOFTCAP_TILES = {64: (64, 2, 2, 1)}
 BWD_SM90_SPILL_BUDGET = 192
 BWD_BACKENDS = ("auto", "sm80", "sm90")
 
@@ -570,16 +581,20 @@ def check_bwd_backend(backend) -> str:
     return backend
 
 
-def bwd_sm90_tile(dtype: str, head_dim: int, softcap: bool = False) -> WgmmaBwdTileConfig | None:
-    """The Hopper backward's tile for head_dim (and a softcap), or None where it has none
-    (head_dim > 128: dK and dV of 64 keys per warpgroup would not fit its registers)."""
-    found = BWD_SM90_TILES.get(head_dim_class(head_dim))
-    if softcap:
-        found = BWD_SM90_SOFTCAP_TILES.get(head_dim_class(head_dim), found)
+def bwd_sm90_tile(dtype: str, head_dim: int, softcap: bool = False,
+                  deterministic: bool = False) -> WgmmaBwdTileConfig | None:
+    """The Hopper backward's tile for head_dim (and a softcap, deterministic), or None where it
+    has none (head_dim > 128: dK and dV of 64 keys per warpgroup would not fit its
+    registers)."""
+    cls = head_dim_class(head_dim)
+    found = BWD_SM90_TILES.get(cls)
+    if deterministic:
+        table = BWD_SM90_DETERMINISTIC_SOFTCAP_TILES if softcap else BWD_SM90_DETERMINISTIC_TILES
+        found = table.get(cls, found)
     if found is None:
         return None
-    bm, consumers, stages = found
-    return WgmmaBwdTileConfig(head_dim, bm, consumers, dtype, stages)
+    bm, consumers, stages, ctas_per_sm = found
+    return WgmmaBwdTileConfig(head_dim, bm, consumers, dtype, stages, ctas_per_sm)
 
 
 def bwd_backend(arch: str, dtype: str, head_dim: int, backend: str = "auto") -> str:
@@ -637,8 +652,8 @@ def bwd_keys(arch: str, dtype: str, head_dim: int, causal: bool, *, local: bool 
     features = dict(local=local, softcap=softcap, varlen_q=varlen, varlen_k=varlen,
                     deterministic=deterministic)
     if bwd_backend(tile_arch or arch, dtype, head_dim, backend) == "sm90":
-        main = BwdSm90Key(arch, causal, bwd_sm90_tile(dtype, head_dim, softcap),
-                          kv_accum=head_splits > 1, **features)
+        tile = bwd_sm90_tile(dtype, head_dim, softcap, deterministic)
+        main = BwdSm90Key(arch, causal, tile, kv_accum=head_splits > 1, **features)
     elif head_splits > 1:
         raise ValueError(f"head_splits > 1 is the wgmma backward's (sm90), got {head_splits} "
                          f"for the mma.sync one")

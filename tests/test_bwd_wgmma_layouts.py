@@ -30,10 +30,16 @@ def _a_fragment(t: int) -> np.ndarray:
                      for j in range(8)])
 
 
-TILES = [bwd_sm90_tile("bfloat16", 128), bwd_sm90_tile("bfloat16", 64)]
+def _one_of_the_consumers(layouts, tid):
+    if tid >= layouts.cfg.num_threads:
+        pytest.skip(f"the tile has {layouts.cfg.num_threads} consumer threads")
 
 
-@pytest.fixture(scope="module", params=TILES, ids=lambda c: f"d{c.head_dim}_m{c.block_m}")
+TILES = [bwd_sm90_tile("bfloat16", 128), bwd_sm90_tile("bfloat16", 64),
+         bwd_sm90_tile("bfloat16", 64, deterministic=True)]
+
+
+@pytest.fixture(scope="module", params=TILES, ids=lambda c: f"d{c.head_dim}_m{c.block_m}_c{c.consumers}")
 def layouts(request):
     return WgmmaBwdLayouts(request.param)
 
@@ -41,6 +47,7 @@ def layouts(request):
 @pytest.mark.parametrize("tid", [0, 1, 5, 37, 100, 127, 128, 131, 200, 255])
 def test_scores_are_the_isa_fragment_on_the_keys(layouts, tid):
     """S^T (keys x queries): warpgroup g's atom starts at key 64 g; N = block_m queries."""
+    _one_of_the_consumers(layouts, tid)
     cfg = layouts.cfg
     expected = _d_fragment(tid, cfg.block_m) + np.array([64 * (tid // 128), 0])
     assert (layouts.scores(tid) == expected).all()
@@ -49,6 +56,7 @@ def test_scores_are_the_isa_fragment_on_the_keys(layouts, tid):
 @pytest.mark.parametrize("tid", [0, 37, 128, 255])
 def test_dk_dv_are_the_isa_fragment(layouts, tid):
     """dK, dV (keys x d): one atom of N = head_dim_padded per warpgroup, keys from 64 g."""
+    _one_of_the_consumers(layouts, tid)
     cfg = layouts.cfg
     expected = _d_fragment(tid, cfg.head_dim_padded) + np.array([64 * (tid // 128), 0])
     assert (layouts.grads_kv(tid) == expected).all()
@@ -56,10 +64,12 @@ def test_dk_dv_are_the_isa_fragment(layouts, tid):
 
 @pytest.mark.parametrize("tid", [0, 37, 128, 255])
 def test_dq_splits_the_columns_between_warpgroups(layouts, tid):
-    """dQ (queries x d): warpgroup g takes columns g * d/2 ...; block_m / 64 atoms along M."""
+    """dQ (queries x d): warpgroup g of c takes columns g * d/c ...; block_m / 64 atoms along
+    M."""
+    _one_of_the_consumers(layouts, tid)
     cfg = layouts.cfg
-    half = cfg.head_dim_padded // 2
-    one = _d_fragment(tid, half) + np.array([0, half * (tid // 128)])
+    share = cfg.head_dim_padded // cfg.consumers
+    one = _d_fragment(tid, share) + np.array([0, share * (tid // 128)])
     expected = np.concatenate([one + np.array([64 * m, 0]) for m in range(cfg.block_m // 64)])
     assert (layouts.grad_q(tid) == expected).all()
 
@@ -68,6 +78,7 @@ def test_dq_splits_the_columns_between_warpgroups(layouts, tid):
 def test_p_is_the_a_operand_of_dv_in_place(layouts, tid):
     """P^T through acc_to_a_layout is the ISA's A fragment at every k-step (k = 16 queries):
     the S^T registers feed dV += P^T dO with no lane exchange."""
+    _one_of_the_consumers(layouts, tid)
     cfg = layouts.cfg
     a = layouts.tables["Pt_A"][tid].reshape(cfg.block_m // 16, 8, 2)
     for s in range(cfg.block_m // 16):
@@ -84,11 +95,16 @@ def test_every_score_has_one_owner(layouts):
 def test_roles_and_text(layouts):
     assert layouts.role(0).startswith("TMA producer")
     assert layouts.role(1).startswith("row loader")
-    assert "keys 64-127" in layouts.role(8)
-    text = layouts.describe(130)
-    assert "warpgroup 1" in text and "keys 64, 72" in text
+    consumers = layouts.cfg.consumers
+    assert "keys 0-63" in layouts.role(4)
+    if consumers == 2:
+        assert "keys 64-127" in layouts.role(8)
+        text = layouts.describe(130)
+        assert "warpgroup 1" in text and "keys 64, 72" in text
+    with pytest.raises(ValueError, match="warp must be in"):
+        layouts.role(4 * (consumers + 1))
     with pytest.raises(ValueError, match="tid must be in"):
-        layouts.describe(256)
+        layouts.describe(128 * consumers)
     with pytest.raises(TypeError, match="WgmmaBwdTileConfig"):
         WgmmaBwdLayouts(object())
     assert isinstance(layouts.cfg, WgmmaBwdTileConfig)

@@ -150,6 +150,9 @@ class BwdSm90Key(KernelKey):
 
     def __post_init__(self):
         _check_backward_key(self, WgmmaBwdTileConfig)
+        if self.ctas_per_sm:
+            raise ValueError(f"the wgmma backward's CTAs per SM are its tile's "
+                             f"(tile.ctas_per_sm), got ctas_per_sm={self.ctas_per_sm}")
 
     @property
     def ordered_kv_sums(self) -> bool:

@@ -90,7 +90,7 @@ class WgmmaBwdLayouts:
 
     def role(self, warp: int) -> str:
         """The role of CTA warp `warp` (0-3: the producer warpgroup; then the consumers)."""
-        n_warps = wgmma.WarpRoles(self.cfg.consumers).threads // WARP_SIZE
+        n_warps = wgmma.WarpRoles(self.cfg.consumers, self.cfg.ctas_per_sm).threads // WARP_SIZE
         if not 0 <= warp < n_warps:
             raise ValueError(f"warp must be in [0, {n_warps}), got {warp}")
         if warp < 4:

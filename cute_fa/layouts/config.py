@@ -288,13 +288,16 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     the transposed scores S^T = K Q^T put the keys on wgmma's M, so each warpgroup's P^T and
     dS^T are already the register A operands of dV += P^T dO and dK += dS^T Q. Q, dO and their
     LSE and D rows stream through a ring of q_stages block_m-row stages, loaded by TMA.
-    num_threads counts the consumer threads (the producer warpgroup comes on top)."""
+    num_threads counts the consumer threads (the producer warpgroup comes on top).
+    ctas_per_sm: how many of these CTAs share an SM (2: one consumer warpgroup each, with half
+    the register file: `layouts.wgmma.WarpRoles`)."""
 
     head_dim: int = 128
     block_m: int = 64
     consumers: int = 2
     dtype: str = "float16"
     q_stages: int = 2
+    ctas_per_sm: int = 1
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -307,6 +310,11 @@ class WgmmaBwdTileConfig(HeadDimTiling):
                              f"P^T dO and the N of S^T), got {bm}")
         if _require_int("q_stages", self.q_stages) not in (2, 3):
             raise ValueError(f"q_stages must be 2 or 3, got {self.q_stages}")
+        if _require_int("ctas_per_sm", self.ctas_per_sm) not in (1, 2):
+            raise ValueError(f"ctas_per_sm must be 1 or 2, got {self.ctas_per_sm}")
+        if self.ctas_per_sm == 2 and self.consumers != 1:
+            raise ValueError(f"two CTAs per SM hold one consumer warpgroup each (half the "
+                             f"register file), got consumers={self.consumers}")
 
     @property
     def head_dim_padded(self) -> int:

@@ -23,17 +23,29 @@ WARPGROUP_THREADS = 128
 WGMMA_M = 64  # rows of one warpgroup's MMA
 WGMMA_K = 16  # k of one 16-bit wgmma instruction
 
+# (ctas_per_sm, consumer warpgroups) -> (producer, consumer) registers per thread after
+# setmaxnreg (multiples of 8 in [24, 256]); each row fills 64K / ctas_per_sm registers: the
+# producer keeps the fewest its TMA loop and row loads need.
+_REGISTER_SPLITS = {(1, 1): (56, 256), (1, 2): (24, 240), (1, 3): (32, 160), (2, 1): (24, 232)}
+
 
 @dataclass(frozen=True)
 class WarpRoles:
     """Who does what in the warp-specialized CTA: warpgroup 0 is the producer (its warp 0
     issues every TMA load; in the forward the other three warps only hand their registers back,
     in the backward warp 1 also loads the LSE and D rows), warpgroups 1 ... consumers run the
-    MMAs and the softmax. setmaxnreg moves registers from the producer
-    to the consumers: the CTA's register file (64K) is split as producer_regs x 128 +
-    consumer_regs x 128 x consumers."""
+    MMAs and the softmax. setmaxnreg moves registers from the producer to the consumers: the
+    register file's share of one CTA (64K registers / ctas_per_sm) is split as
+    producer_regs x 128 + consumer_regs x 128 x consumers."""
 
     consumers: int
+    ctas_per_sm: int = 1
+
+    def __post_init__(self):
+        if (self.ctas_per_sm, self.consumers) not in _REGISTER_SPLITS:
+            raise ValueError(f"no register split for {self.consumers} consumer warpgroups at "
+                             f"{self.ctas_per_sm} CTAs per SM; have "
+                             f"{sorted(_REGISTER_SPLITS)} as (ctas_per_sm, consumers)")
 
     @property
     def threads(self) -> int:
@@ -45,11 +57,11 @@ class WarpRoles:
 
     @property
     def producer_regs(self) -> int:
-        return {1: 56, 2: 24, 3: 32}[self.consumers]
+        return _REGISTER_SPLITS[self.ctas_per_sm, self.consumers][0]
 
     @property
     def consumer_regs(self) -> int:
-        return {1: 256, 2: 240, 3: 160}[self.consumers]
+        return _REGISTER_SPLITS[self.ctas_per_sm, self.consumers][1]
 
     def role(self, warp: int) -> str:
         """'tma' (warp 0), 'idle' (warps 1-3) or 'consumer <g>' for a warp index of the CTA."""

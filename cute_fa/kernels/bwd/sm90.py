@@ -63,7 +63,7 @@ class FlashBwdSm90(FlashBwdBase):
     def __init__(self, key):
         super().__init__(key)
         self.bars = bwd_wgmma.QBarriers(self.cfg.q_stages)
-        self.roles = wgmma.WarpRoles(self.cfg.consumers)
+        self.roles = wgmma.WarpRoles(self.cfg.consumers, self.cfg.ctas_per_sm)
         self.kv_accum = key.kv_accum
 
     @cute.jit
@@ -105,7 +105,8 @@ class FlashBwdSm90(FlashBwdBase):
                     window_right, softcap_scale, mSemaphore, mdKaccum, mdVaccum,
                     head_splits, mKvSemaphore).launch(
             grid=grid, block=(self.roles.threads, 1, 1),
-            smem=Storage.size_in_bytes(), stream=stream, **occupancy_options(self.ctas_per_sm))
+            smem=Storage.size_in_bytes(), stream=stream,
+            **occupancy_options(cfg.ctas_per_sm if cfg.ctas_per_sm > 1 else 0))
 
     @cute.kernel
     def kernel(self, tma_atom_Q: cute.CopyAtom, tma_Q: cute.Tensor, tma_atom_dO: cute.CopyAtom,
