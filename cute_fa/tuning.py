@@ -583,9 +583,9 @@ def check_bwd_backend(backend) -> str:
 
 def bwd_sm90_tile(dtype: str, head_dim: int, softcap: bool = False,
                   deterministic: bool = False) -> WgmmaBwdTileConfig | None:
-    """The Hopper backward's tile for head_dim (and a softcap, deterministic), or None where it
-    has none (head_dim > 128: dK and dV of 64 keys per warpgroup would not fit its
-    registers)."""
+    """The Hopper backward's tile for head_dim, or None where it has none (head_dim > 128: dK
+    and dV of 64 keys per warpgroup would not fit its registers). deterministic takes its own
+    tiles where it has them, and of those a softcap's."""
     cls = head_dim_class(head_dim)
     found = BWD_SM90_TILES.get(cls)
     if deterministic:

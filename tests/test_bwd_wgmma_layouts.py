@@ -39,7 +39,8 @@ TILES = [bwd_sm90_tile("bfloat16", 128), bwd_sm90_tile("bfloat16", 64),
          bwd_sm90_tile("bfloat16", 64, deterministic=True)]
 
 
-@pytest.fixture(scope="module", params=TILES, ids=lambda c: f"d{c.head_dim}_m{c.block_m}_c{c.consumers}")
+@pytest.fixture(scope="module", params=TILES,
+                ids=lambda c: f"d{c.head_dim}_m{c.block_m}_c{c.consumers}")
 def layouts(request):
     return WgmmaBwdLayouts(request.param)
 

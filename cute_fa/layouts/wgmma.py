@@ -24,8 +24,9 @@ WGMMA_M = 64  # rows of one warpgroup's MMA
 WGMMA_K = 16  # k of one 16-bit wgmma instruction
 
 # (ctas_per_sm, consumer warpgroups) -> (producer, consumer) registers per thread after
-# setmaxnreg (multiples of 8 in [24, 256]); each row fills 64K / ctas_per_sm registers: the
-# producer keeps the fewest its TMA loop and row loads need.
+# setmaxnreg (multiples of 8 in [24, 256]) within 64K / ctas_per_sm registers per CTA: the
+# producer keeps the fewest its TMA loop and row loads need (one consumer at one CTA per SM
+# is capped by 256 and leaves the rest unused).
 _REGISTER_SPLITS = {(1, 1): (56, 256), (1, 2): (24, 240), (1, 3): (32, 160), (2, 1): (24, 232)}
 
 

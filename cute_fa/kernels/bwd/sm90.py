@@ -64,6 +64,8 @@ class FlashBwdSm90(FlashBwdBase):
         super().__init__(key)
         self.bars = bwd_wgmma.QBarriers(self.cfg.q_stages)
         self.roles = wgmma.WarpRoles(self.cfg.consumers, self.cfg.ctas_per_sm)
+        # the tile's CTAs per SM (the key carries none); one is left to ptxas, as before
+        self.ctas_per_sm = self.cfg.ctas_per_sm if self.cfg.ctas_per_sm > 1 else 0
         self.kv_accum = key.kv_accum
 
     @cute.jit
@@ -105,8 +107,7 @@ class FlashBwdSm90(FlashBwdBase):
                     window_right, softcap_scale, mSemaphore, mdKaccum, mdVaccum,
                     head_splits, mKvSemaphore).launch(
             grid=grid, block=(self.roles.threads, 1, 1),
-            smem=Storage.size_in_bytes(), stream=stream,
-            **occupancy_options(cfg.ctas_per_sm if cfg.ctas_per_sm > 1 else 0))
+            smem=Storage.size_in_bytes(), stream=stream, **occupancy_options(self.ctas_per_sm))
 
     @cute.kernel
     def kernel(self, tma_atom_Q: cute.CopyAtom, tma_Q: cute.Tensor, tma_atom_dO: cute.CopyAtom,
