@@ -565,10 +565,17 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 # Under a softcap with the 128-key tile at head_dim 64, the 128-query step spills 276 bytes
 # stored and 368 loaded (S^T and dP^T of 128 queries, 64 registers each, beside 1 - tanh^2); 64
 # queries spill 84.
-BWD_SM90_TILES = {64: (64, 1, 2, 2), 128: (64, 2, 3, 1)}
+# - head_dim 192 and 256: dK and dV of 64 keys over all of d (128 float32 registers each at
+#   256) do not fit a thread, so the two warpgroups split d (`WgmmaBwdTileConfig.split_d`,
+#   head_dim padded to 256 either way; two stages of Q and dO fill 215 KB of shared memory).
+#   It ran 1.53x-1.80x the mma.sync backward at head_dim 256 and 1.05x-1.13x at 192 (padded
+#   to 256) on every shape measured (docs/perf/2026-12-02-h200-bwd-split-d).
+BWD_SM90_TILES = {64: (64, 1, 2, 2), 128: (64, 2, 3, 1), 192: (64, 2, 2, 1, True),
+                  256: (64, 2, 2, 1, True)}
 BWD_SM90_DETERMINISTIC_TILES = {64: (128, 2, 2, 1)}
 BWD_SM90_DETERMINISTIC_SOFTCAP_TILES = {64: (64, 2, 2, 1)}
 BWD_SM90_SPILL_BUDGET = 192
+BWD_SM90_AUTO = (64, 128, 192, 256)  # the head_dim classes 'auto' runs the wgmma backward on
 BWD_BACKENDS = ("auto", "sm80", "sm90")
 
 
@@ -583,9 +590,8 @@ def check_bwd_backend(backend) -> str:
 
 def bwd_sm90_tile(dtype: str, head_dim: int, softcap: bool = False,
                   deterministic: bool = False) -> WgmmaBwdTileConfig | None:
-    """The Hopper backward's tile for head_dim, or None where it has none (head_dim > 128: dK
-    and dV of 64 keys per warpgroup would not fit its registers). deterministic takes its own
-    tiles where it has them, and of those a softcap's."""
+    """The Hopper backward's tile for head_dim, or None where it has none. deterministic takes
+    its own tiles where it has them, and of those a softcap's."""
     cls = head_dim_class(head_dim)
     found = BWD_SM90_TILES.get(cls)
     if deterministic:
@@ -593,26 +599,25 @@ def bwd_sm90_tile(dtype: str, head_dim: int, softcap: bool = False,
         found = table.get(cls, found)
     if found is None:
         return None
-    bm, consumers, stages, ctas_per_sm = found
-    return WgmmaBwdTileConfig(head_dim, bm, consumers, dtype, stages, ctas_per_sm)
+    return WgmmaBwdTileConfig(head_dim, *found[:2], dtype, *found[2:])
 
 
 def bwd_backend(arch: str, dtype: str, head_dim: int, backend: str = "auto") -> str:
     """'sm80' or 'sm90': the backward kernel a call runs. 'auto' takes the wgmma kernel on
-    sm90 wherever it has a tile (head_dim up to 128): on the H200 it ran 1.2x-1.6x the
-    mma.sync kernel on every shape measured, default and deterministic
-    (docs/perf/2026-12-02-h200-bwd-sm90)."""
+    sm90 for the head_dim classes of BWD_SM90_AUTO (all of them): on the H200 it ran 1.2x-1.6x
+    the mma.sync kernel on every shape measured up to head_dim 128, default and deterministic
+    (docs/perf/2026-12-02-h200-bwd-sm90), and 1.05x-1.8x at 192 and 256 (-split-d)."""
     check_bwd_backend(backend)
     if backend == "sm90":
         if Arch.of_name(arch).major != 9:
             raise ValueError(f"backend='sm90' (the wgmma backward) runs on sm90 only, not "
                              f"{arch}")
         if bwd_sm90_tile(dtype, head_dim) is None:
-            raise ValueError(f"backend='sm90' takes head_dim up to 128 in the backward, got "
-                             f"{head_dim}; use backend='sm80' or 'auto'")
+            raise ValueError(f"backend='sm90' has no backward tile for head_dim {head_dim}; "
+                             f"use backend='sm80' or 'auto'")
         return "sm90"
     if (backend == "auto" and Arch.of_name(arch).major == 9
-            and bwd_sm90_tile(dtype, head_dim) is not None):
+            and head_dim_class(head_dim) in BWD_SM90_AUTO):
         return "sm90"
     return "sm80"
 

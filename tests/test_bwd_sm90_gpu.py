@@ -1,8 +1,9 @@
 """The Hopper (wgmma) backward, backend="sm90", on an sm90 GPU: gradients against the float64
 reference of tests/grad_reference.py with flash-attn's criterion (error at most twice torch's own
-at the input dtype plus 1e-3), over odd lengths, Sq != Sk both ways, GQA/MQA, head_dim 40-128,
-both causal alignments, windows, softcap, ragged batches with empty entries; deterministic
-mode bitwise repeatable; what it does not take raises before any launch; `auto` takes it."""
+at the input dtype plus 1e-3), over odd lengths, Sq != Sk both ways, GQA/MQA, head_dim 40-256
+(past 128 the tile that splits d between its warpgroups), both causal alignments, windows,
+softcap, ragged batches with empty entries; deterministic mode bitwise repeatable; `auto`
+takes it."""
 
 import pytest
 
@@ -30,6 +31,15 @@ GRID = [
     (1, 300, 300, 2, 2, 40),
     (3, 1, 77, 2, 2, 128),
     (1, 1100, 1100, 8, 1, 128),
+]
+# head_dim past 128: the split-d tile (`WgmmaBwdTileConfig.split_d`), 160 and 192 padded to 256
+SPLIT_D_GRID = [
+    (1, 257, 257, 2, 2, 256),
+    (2, 200, 333, 4, 1, 192),
+    (1, 333, 200, 4, 2, 256),
+    (3, 1, 77, 2, 2, 256),
+    (1, 700, 700, 4, 4, 160),
+    (1, 1100, 1100, 4, 1, 256),
 ]
 
 
@@ -69,6 +79,23 @@ def test_gradients_grid(shape, causal, dtype):
 
 
 @needs_sm90
+@pytest.mark.parametrize("shape", SPLIT_D_GRID, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_split_d_gradients_grid(shape, causal, dtype):
+    test_gradients_grid(shape, causal, dtype)
+
+
+@needs_sm90
+@pytest.mark.parametrize("kw", [dict(window_size=(40, 0)), dict(softcap=50.0),
+                                dict(window_size=(30, 30), softcap=5.0)],
+                         ids=["window_causal", "softcap", "window_softcap"])
+def test_split_d_window_softcap(kw):
+    q, k, v, dout = _inputs((2, 300, 260, 4, 2, 256), torch.bfloat16, 12)
+    check_grads(_sm90_grads(q, k, v, dout, causal=True, **kw), q, k, v, dout, causal=True, **kw)
+
+
+@needs_sm90
 def test_top_left_causal():
     """sdpa's alignment (bottom_right=False): the forward's out and lse for it from float32 torch
     ops (the backward takes them as given)."""
@@ -103,15 +130,21 @@ def test_varlen_gradients(deterministic, window):
     _check_varlen(deterministic, window)
 
 
-def _check_varlen(deterministic, window):
+@needs_sm90
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_split_d_varlen_gradients(deterministic):
+    _check_varlen(deterministic, (70, 0), head_dim=256)
+
+
+def _check_varlen(deterministic, window, head_dim=128):
     gen = torch.Generator(device="cuda").manual_seed(5)
     lens_q, lens_k = [100, 1, 0, 333, 64], [150, 40, 17, 333, 64]
     cu_q = torch.tensor([0] + [sum(lens_q[:i + 1]) for i in range(5)], device="cuda",
                         dtype=torch.int32)
     cu_k = torch.tensor([0] + [sum(lens_k[:i + 1]) for i in range(5)], device="cuda",
                         dtype=torch.int32)
-    q = _rand(sum(lens_q) + 5, 4, 128, dtype=torch.bfloat16, gen=gen)
-    k, v = (_rand(sum(lens_k), 2, 128, dtype=torch.bfloat16, gen=gen) for _ in range(2))
+    q = _rand(sum(lens_q) + 5, 4, head_dim, dtype=torch.bfloat16, gen=gen)
+    k, v = (_rand(sum(lens_k), 2, head_dim, dtype=torch.bfloat16, gen=gen) for _ in range(2))
     dout = _rand(*q.shape, dtype=torch.bfloat16, gen=gen)
     args = (cu_q, cu_k, max(lens_q), max(lens_k))
     out, lse = cute_fa.forward_varlen(q, k, v, *args, causal=True, window_size=window,
@@ -131,7 +164,8 @@ def _check_varlen(deterministic, window):
 
 @needs_sm90
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 8, 128), (1, 2048, 2048, 32, 4, 64)],
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 8, 128), (1, 2048, 2048, 32, 4, 64),
+                                   (1, 1500, 1500, 16, 4, 256)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_deterministic_is_bitwise_repeatable(causal, shape):
     """Three runs, bitwise equal; the second shape has more key blocks x heads than SMs."""
@@ -158,18 +192,8 @@ def test_strided_inputs():
 
 
 @needs_sm90
-def test_head_dim_past_128_raises_before_launch():
-    q, k, v, dout = _inputs((1, 64, 64, 2, 2, 192), torch.bfloat16, 1)
-    out, lse = cute_fa.forward(q, k, v, return_lse=True)
-    dq = _poisoned(q)
-    with pytest.raises(ValueError, match="head_dim up to 128"):
-        cute_fa.backward(dout, q, k, v, out, lse, dq=dq, backend="sm90")
-    assert torch.isnan(dq).all()
-
-
-@needs_sm90
 @pytest.mark.parametrize("head_dim, expected", [(64, "bwd_sm90"), (128, "bwd_sm90"),
-                                                (256, "bwd_sm80")])
+                                                (192, "bwd_sm90"), (256, "bwd_sm90")])
 def test_auto_takes_the_wgmma_backward(head_dim, expected):
     from cute_fa.runtime.device import device
     from cute_fa.runtime.plan import plan
@@ -197,6 +221,8 @@ SPLIT_GRID = [
     ((2, 200, 333, 4, 1, 128), 4),
     ((1, 1100, 1100, 8, 1, 128), 8),
     ((1, 300, 300, 6, 2, 40), 3),
+    ((1, 333, 200, 8, 2, 256), 4),
+    ((1, 700, 700, 4, 1, 192), 2),
 ]
 
 
@@ -244,7 +270,8 @@ def test_split_groups_varlen(monkeypatch, window):
 @needs_sm90
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape, splits", [((1, 1000, 1000, 8, 2, 128), 4),
-                                           ((1, 2048, 2048, 32, 4, 64), 8)],
+                                           ((1, 2048, 2048, 32, 4, 64), 8),
+                                           ((1, 1000, 1000, 8, 2, 256), 4)],
                          ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else str(s))
 def test_split_groups_deterministic(monkeypatch, shape, splits, causal):
     """Split groups under deterministic: three runs bitwise equal (dK and dV's shares add in

@@ -1,9 +1,9 @@
 """The Hopper (wgmma) backward compiles for sm_90a in every shipped configuration: wgmma for its
 five products (S^T, dP^T and dQ from shared memory, dV and dK with their A operand in
-registers), TMA loads of K, V, Q and dO, setmaxnreg between the producer and the consumer
+registers, or under split_d from shared memory too), TMA loads of K, V, Q and dO, setmaxnreg between the producer and the consumer
 warpgroups, stmatrix of dS, vector float32 reductions of dQ; spills within
 tuning.BWD_SM90_SPILL_BUDGET and shared memory within sm90's; `precompile(backward=True)`
-plans it for an sm90 GPU. It takes nothing but sm90 and head_dim up to 128."""
+plans it for an sm90 GPU. It takes nothing but sm90."""
 
 import re
 from collections import Counter
@@ -29,10 +29,11 @@ def _ptx(key) -> str:
     dp, bm, bn = cfg.head_dim_padded, cfg.block_m, cfg.block_n
     # per query block: S^T and dP^T (n = block_m, head_dim / 16 k-steps each), dV and dK
     # (n = head_dim, block_m / 16 each), dQ (n = head_dim / consumers, block_n / 16 per 64
-    # queries)
+    # queries); split_d halves S^T's and dP^T's n (the queries) and dV's and dK's (d)
+    halves = cfg.consumers if cfg.split_d else 1
     expected = Counter()
-    expected[str(bm)] += 2 * dp // 16
-    expected[str(dp)] += 2 * bm // 16
+    expected[str(bm // halves)] += 2 * dp // 16
+    expected[str(dp // halves)] += 2 * bm // 16
     expected[str(dp // cfg.consumers)] += (bm // 64) * bn // 16  # dQ: block_m / 64 rows of atoms
     counts = Counter(gemms)
     assert counts == expected, counts
@@ -105,22 +106,25 @@ def test_postprocess_reads_the_wgmma_order():
     assert ptxas_resources(ptx, ARCH)["spill_stores"] == 0
 
 
-@pytest.mark.parametrize("head_dim", [40, 64, 96, 128])
+@pytest.mark.parametrize("head_dim", [40, 64, 96, 128, 136, 192, 256])
 def test_head_dims_pad_to_whole_atoms(head_dim):
+    """Each warpgroup's columns of dQ (and under split_d of dK and dV) are whole 64-element
+    swizzle atoms: past 128 the padded width is a multiple of 2 x 64."""
     cfg = bwd_sm90_tile("bfloat16", head_dim)
-    assert cfg.head_dim_padded % 64 == 0 and cfg.head_dim_padded - head_dim < 64
+    assert cfg.split_d == (head_dim > 128)
+    atom = 128 if head_dim > 128 else 64
+    assert cfg.head_dim_padded % atom == 0 and cfg.head_dim_padded - head_dim < atom
     assert cfg.q_rows.head_dim_padded == cfg.kv_rows.head_dim_padded == cfg.head_dim_padded
 
 
 def test_auto_and_its_limits():
     assert bwd_backend(ARCH, "bfloat16", 128) == "sm90"
-    assert bwd_backend(ARCH, "bfloat16", 192) == "sm80"
+    assert bwd_backend(ARCH, "bfloat16", 192) == "sm90"
+    assert bwd_backend(ARCH, "bfloat16", 256, "sm90") == "sm90"
     assert bwd_backend("sm_80", "bfloat16", 64) == "sm80"
     assert bwd_backend("sm_120a", "bfloat16", 64) == "sm80"
     with pytest.raises(ValueError, match="runs on sm90 only"):
         bwd_backend("sm_80", "bfloat16", 64, "sm90")
-    with pytest.raises(ValueError, match="head_dim up to 128"):
-        bwd_backend(ARCH, "bfloat16", 256, "sm90")
     with pytest.raises(ValueError, match="backend must be one of"):
         bwd_backend(ARCH, "bfloat16", 64, "wgmma")
 
@@ -130,6 +134,8 @@ def test_auto_and_its_limits():
     (dict(block_m=24), "block_m must be a multiple of 16"),
     (dict(q_stages=1), "q_stages must be 2 or 3"),
     (dict(head_dim=100), "multiple of 8"),
+    (dict(head_dim=256, consumers=1, split_d=True), "split_d splits d between two"),
+    (dict(head_dim=256, split_d=True, block_m=48), "split_d halves block_m"),
 ])
 def test_tile_config_errors(kwargs, match):
     base = dict(head_dim=128, block_m=64, consumers=2, dtype="bfloat16", q_stages=2)
@@ -139,8 +145,8 @@ def test_tile_config_errors(kwargs, match):
 
 
 def test_precompile_plans_it_for_sm90():
-    """precompile(backward=True, arch='sm_90a')'s plans: the wgmma kernel up to head_dim 128,
-    the mma.sync one past it."""
+    """precompile(backward=True, arch='sm_90a')'s plans: the wgmma kernel at every head_dim
+    (past 128 its split-d tile)."""
     from cute_fa.api.precompile import calls
     from cute_fa.runtime.device import stand_in
     from cute_fa.runtime.plan import plan
@@ -153,4 +159,9 @@ def test_precompile_plans_it_for_sm90():
         [(False, False, False)], True, target.index)]
     main = {k.tile.head_dim: k.backend for p in planned for k in p.kernel_keys()
             if k.backend.startswith("bwd_sm")}
-    assert main == {64: "bwd_sm90", 128: "bwd_sm90", 256: "bwd_sm80"}
+    assert main == {64: "bwd_sm90", 128: "bwd_sm90", 256: "bwd_sm90"}
+
+
+def test_split_d_flag_is_a_bool():
+    with pytest.raises(TypeError, match="split_d must be a bool"):
+        WgmmaBwdTileConfig(head_dim=256, split_d=1)

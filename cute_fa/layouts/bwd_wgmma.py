@@ -20,6 +20,15 @@ so P never leaves registers and dS goes through shared memory once: each warpgro
 and dQ reads the whole (query, key) tile back as its A operand: dQ's warpgroups split d (each
 computes dQ's columns d_g for all block_m queries over all block_n keys), so each reads the
 rows of dS written by every warpgroup.
+
+Under split_d (head_dim past 128) the two warpgroups share one block of 64 keys and split
+everything else: S^T and dP^T by queries (warpgroup g computes the 64 keys x block_m / 2
+queries q_g), dV, dK and dQ by d (g holds the columns d_g). P^T then goes through shared
+memory as dS^T does (the same layout, `smem_layout_ds`), and dV and dK read both from there
+as K-major A operands (the transposed (key, query) view: queries contiguous):
+
+    dV  += P^T dO     SS: A = P^T from sP,  B = dO^T (d_g, query), MN-major
+    dK  += dS^T Q     SS: A = dS^T from sdS, B = Q^T (d_g, query), MN-major
 """
 
 from .config import WgmmaBwdTileConfig
@@ -40,19 +49,28 @@ def _dsl():
 
 def tiled_mma_sdp(cfg: WgmmaBwdTileConfig):
     """S^T = K Q^T and dP^T = V dO^T: SS-wgmma 64 x block_m x 16, one atom per consumer
-    warpgroup stacked along M (the keys); A and B K-major (head_dim contiguous)."""
+    warpgroup stacked along M (the keys); A and B K-major (head_dim contiguous). Under split_d
+    the warpgroups sit side by side along N instead: 64 x block_m / 2 each."""
     cutlass, cute, sm90, _, dt = _dsl()
     K = cute.nvgpu.OperandMajorMode.K
+    atoms, n = (((1, cfg.consumers, 1), cfg.block_m // cfg.consumers) if cfg.split_d
+                else ((cfg.consumers, 1, 1), cfg.block_m))
     return sm90.make_trivial_tiled_mma(dt(cfg.dtype), dt(cfg.dtype), K, K, cutlass.Float32,
-                                       atom_layout_mnk=(cfg.consumers, 1, 1),
-                                       tiler_mn=(WGMMA_M, cfg.block_m))
+                                       atom_layout_mnk=atoms, tiler_mn=(WGMMA_M, n))
 
 
 def tiled_mma_dkv(cfg: WgmmaBwdTileConfig):
     """dV += P^T dO and dK += dS^T Q: RS-wgmma 64 x head_dim_padded x 16, A from registers
     (the S^T accumulator's own thread layout), B (dO^T, Q^T) MN-major: the tiles read in
-    place, d contiguous."""
+    place, d contiguous. Under split_d SS-wgmma 64 x head_dim_padded / 2 x 16 per
+    warpgroup, side by side along N (d), A (P^T, dS^T) K-major from shared memory."""
     cutlass, cute, sm90, warpgroup, dt = _dsl()
+    if cfg.split_d:
+        return sm90.make_trivial_tiled_mma(
+            dt(cfg.dtype), dt(cfg.dtype), cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.MN, cutlass.Float32,
+            atom_layout_mnk=(1, cfg.consumers, 1),
+            tiler_mn=(WGMMA_M, cfg.head_dim_padded // cfg.consumers))
     return sm90.make_trivial_tiled_mma(
         dt(cfg.dtype), dt(cfg.dtype), cute.nvgpu.OperandMajorMode.K,
         cute.nvgpu.OperandMajorMode.MN, cutlass.Float32,
@@ -83,8 +101,8 @@ def smem_layout_ds(cfg: WgmmaBwdTileConfig):
 
 
 def shared_storage(cfg: WgmmaBwdTileConfig, n_barriers: int):
-    """K, V, the Q and dO rings, dS, the LSE and D rows of each stage (float32) and the
-    mbarriers, each tile 1024-byte aligned (whole swizzle atoms)."""
+    """K, V, the Q and dO rings, dS (and under split_d P, as dS), the LSE and D rows of each
+    stage (float32) and the mbarriers, each tile 1024-byte aligned (whole swizzle atoms)."""
     cutlass, cute, _, _, dt = _dsl()
     dtype = dt(cfg.dtype)
     q = cute.cosize(tma_smem_layout(cfg, "Q", cfg.q_stages))
@@ -102,6 +120,8 @@ def shared_storage(cfg: WgmmaBwdTileConfig, n_barriers: int):
         sQ: cute.struct.Align[cute.struct.MemRange[dtype, q], 1024]
         sdO: cute.struct.Align[cute.struct.MemRange[dtype, q], 1024]
         sdS: cute.struct.Align[cute.struct.MemRange[dtype, ds], 1024]
+        if cfg.split_d:
+            sP: cute.struct.Align[cute.struct.MemRange[dtype, ds], 1024]
     return BwdSm90Storage
 
 

@@ -290,7 +290,12 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     LSE and D rows stream through a ring of q_stages block_m-row stages, loaded by TMA.
     num_threads counts the consumer threads (the producer warpgroup comes on top).
     ctas_per_sm: how many of these CTAs share an SM (2: one consumer warpgroup each, with half
-    the register file: `layouts.wgmma.WarpRoles`)."""
+    the register file: `layouts.wgmma.WarpRoles`).
+    split_d (head_dim past 128, where dK and dV of 64 keys over all of d do not fit one
+    thread's registers): the two consumer warpgroups share one block of 64 keys and split d
+    instead, each holding dK and dV of its half of the columns; S^T and dP^T split the queries
+    between them, so P^T goes through shared memory too, and dV and dK read P^T and dS^T from
+    there (SS-wgmma)."""
 
     head_dim: int = 128
     block_m: int = 64
@@ -298,10 +303,17 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     dtype: str = "float16"
     q_stages: int = 2
     ctas_per_sm: int = 1
+    split_d: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         check_head_dim("head_dim", self.head_dim)
+        if not isinstance(self.split_d, bool):
+            raise TypeError(f"split_d must be a bool, got {self.split_d!r}")
+        if self.split_d and (self.consumers != 2 or self.ctas_per_sm != 1):
+            raise ValueError(f"split_d splits d between two consumer warpgroups of one CTA per "
+                             f"SM, got consumers={self.consumers}, "
+                             f"ctas_per_sm={self.ctas_per_sm}")
         if _require_int("consumers", self.consumers) not in (1, 2):
             raise ValueError(f"consumers must be 1 or 2 warpgroups, got {self.consumers}")
         bm = _require_int("block_m", self.block_m)
@@ -315,16 +327,25 @@ class WgmmaBwdTileConfig(HeadDimTiling):
         if self.ctas_per_sm == 2 and self.consumers != 1:
             raise ValueError(f"two CTAs per SM hold one consumer warpgroup each (half the "
                              f"register file), got consumers={self.consumers}")
+        if self.split_d and self.block_m % 32:
+            raise ValueError(f"split_d halves block_m between the warpgroups' S^T (a multiple of "
+                             f"16 each), got block_m={self.block_m}")
+
+    @property
+    def d_pad(self) -> int:
+        """head_dim_padded's multiple: each warpgroup's columns of dQ (and, under split_d, of dK
+        and dV) are whole 128-byte swizzle atoms (64 elements) of the MN-major operands K^T, dO^T
+        and Q^T."""
+        return 64 * self.consumers if self.split_d else 64
 
     @property
     def head_dim_padded(self) -> int:
-        """head_dim rounded up to 64: the smem tiles are whole 128-byte swizzle atoms wide, so
-        that each warpgroup's share of dQ's columns (and of K^T, read MN-major) is too."""
-        return -(-self.head_dim // 64) * 64
+        """head_dim rounded up to d_pad: the smem tiles are whole 128-byte swizzle atoms wide."""
+        return -(-self.head_dim // self.d_pad) * self.d_pad
 
     @property
     def block_n(self) -> int:
-        return 64 * self.consumers
+        return 64 if self.split_d else 64 * self.consumers
 
     @property
     def num_threads(self) -> int:
@@ -333,19 +354,22 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     @property
     def q_rows(self) -> "RowTile":
         """The query block's rows as dQ's conversion stores them."""
-        return RowTile(self.head_dim, self.block_m, self.num_threads, self.dtype, pad=64)
+        return RowTile(self.head_dim, self.block_m, self.num_threads, self.dtype,
+                       pad=self.d_pad)
 
     @property
     def kv_rows(self) -> "RowTile":
         """The key block's rows as the dK/dV stores walk them."""
-        return RowTile(self.head_dim, self.block_n, self.num_threads, self.dtype, pad=64)
+        return RowTile(self.head_dim, self.block_n, self.num_threads, self.dtype,
+                       pad=self.d_pad)
 
     def smem_bytes(self) -> int:
-        """K, V, q_stages of Q and dO, dS, the LSE/D rows of each stage and the mbarriers,
-        each tile 1024-byte aligned."""
+        """K, V, q_stages of Q and dO, dS (and P under split_d), the LSE/D rows of each stage
+        and the mbarriers, each tile 1024-byte aligned."""
         dp, e = self.head_dim_padded, self.elem_bytes
+        score_tiles = 2 if self.split_d else 1
         return ((2 * self.block_n * dp + 2 * self.q_stages * self.block_m * dp
-                 + self.block_m * self.block_n) * e
+                 + score_tiles * self.block_m * self.block_n) * e
                 + 2 * 4 * self.q_stages * self.block_m + 1024)
 
 
@@ -364,8 +388,8 @@ class RowTile(HeadDimTiling):
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         check_head_dim("head_dim", self.head_dim)
-        if self.pad not in (32, 64):
-            raise ValueError(f"pad must be 32 or 64, got {self.pad}")
+        if self.pad not in (32, 64, 128):
+            raise ValueError(f"pad must be 32, 64 or 128, got {self.pad}")
         if self.block_m % self.copy_rows_per_pass:
             raise ValueError(f"block_m must be a multiple of {self.copy_rows_per_pass} rows per "
                              f"copy pass, got {self.block_m}")

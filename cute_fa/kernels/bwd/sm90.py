@@ -24,6 +24,11 @@ A consumer warpgroup's query block, in issue order:
     consumers' barrier (all of dS written); dQ = dS K   SS-wgmma, issued
     wait all; release the stage; dQ -> float32 reductions into dQaccum
 
+Under split_d (head_dim past 128, `WgmmaBwdTileConfig.split_d`) each warpgroup computes S^T
+and dP^T for its half of the queries and dV, dK, dQ for its half of d: P^T goes to shared
+memory (stmatrix) and the consumers meet before dV, as before dQ, since dV's and dK's sums
+over the queries read both halves (SS-wgmma from sP and sdS).
+
 deterministic: as the sm80 kernel (`base.FlashBwdBase._turn`), one CTA at a time per query
 block's dQ sums, in key-block order, the consumers passing the turn on a counter.
 
@@ -308,6 +313,12 @@ class FlashBwdSm90(FlashBwdBase):
         tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(wgmma.transposed(sQ)))
         tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
         tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(wgmma.transposed(sK)))
+        split_d = cfg.split_d
+        if cutlass.const_expr(split_d):
+            # dV's and dK's A operands: P^T and dS^T as the (key, query) views of the tiles
+            sP = storage.sP.get_tensor(lds.outer, swizzle=lds.inner)
+            tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_A(wgmma.transposed(sP)))
+            tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_A(wgmma.transposed(sdS)))
 
         thr_sdp = mma_sdp.get_slice(ctidx)
         acc_dK = cute.make_rmem_tensor(mma_dkv.get_slice(ctidx).partition_shape_C((bn, dp)),
@@ -320,6 +331,8 @@ class FlashBwdSm90(FlashBwdBase):
         r2s = wgmma.stmatrix_copy_c(cfg, mma_sdp)
         thr_r2s = r2s.get_slice(ctidx)
         tdSsdS = thr_r2s.partition_D(wgmma.transposed(sdS))
+        if cutlass.const_expr(split_d):
+            tPsP = thr_r2s.partition_D(wgmma.transposed(sP))
         shape_S = thr_sdp.partition_shape_C((bn, bm))
         shape_dQ = mma_dq.get_slice(ctidx).partition_shape_C((bm, dp))
         rows = place["row_offsets"]
@@ -354,8 +367,16 @@ class FlashBwdSm90(FlashBwdBase):
                                                     fastmath=True)
             rP = cute.make_fragment_like(acc_S, dtype)
             rP.store(acc_S.load().to(dtype))
-            gemm(mma_dkv, acc_dV, cute.make_tensor(rP.iterator, wgmma.acc_to_a_layout(rP.layout)),
-                 tdVrdOt[None, None, None, stage], False)
+            if cutlass.const_expr(split_d):
+                # dV's k runs over both warpgroups' queries: all of P^T in shared memory first
+                cute.copy(r2s, thr_r2s.retile(rP), tPsP)
+                cute.arch.fence_view_async_shared()
+                self._consumer_sync()
+                gemm(mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, stage], False)
+            else:
+                gemm(mma_dkv, acc_dV,
+                     cute.make_tensor(rP.iterator, wgmma.acc_to_a_layout(rP.layout)),
+                     tdVrdOt[None, None, None, stage], False)
 
             warpgroup.wait_group(1)  # dP^T (dV's group may still run)
             acc_dP_mn = cute.make_tensor(acc_dP.iterator, wgmma.acc_rowcol_layout(acc_dP.layout))
@@ -368,18 +389,23 @@ class FlashBwdSm90(FlashBwdBase):
             rdS = cute.make_fragment_like(acc_dP, dtype)
             rdS.store(acc_dP.load().to(dtype))
             cute.copy(r2s, thr_r2s.retile(rdS), tdSsdS)
-            gemm(mma_dkv, acc_dK,
-                 cute.make_tensor(rdS.iterator, wgmma.acc_to_a_layout(rdS.layout)),
-                 tdKrQt[None, None, None, stage], False)
-            cute.arch.fence_view_async_shared()  # dS's generic-proxy writes, seen by wgmma
-            self._consumer_sync()
+            if cutlass.const_expr(split_d):
+                cute.arch.fence_view_async_shared()
+                self._consumer_sync()
+                gemm(mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, stage], False)
+            else:
+                gemm(mma_dkv, acc_dK,
+                     cute.make_tensor(rdS.iterator, wgmma.acc_to_a_layout(rdS.layout)),
+                     tdKrQt[None, None, None, stage], False)
+                cute.arch.fence_view_async_shared()  # dS's generic-proxy writes, seen by wgmma
+                self._consumer_sync()
             acc_dQ = cute.make_rmem_tensor(shape_dQ, cutlass.Float32)
             gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, True)
             warpgroup.wait_group(0)
             self._release(mbar, stage)
             self._add_dq(acc_dQ, grads.dq_accum, head, m_block, n_block, blocks, seqlen, batch,
                          mCuSeqlensQ, grads.semaphore, None, None, ctidx)
-            self._consumer_sync()  # every warpgroup's dQ has read dS before it is rewritten
+            self._consumer_sync()  # every warpgroup has read dS (and P) before a rewrite
 
         # dS was formed from scores S = Q K^T, the logits are S * softmax_scale
         acc_dK.store(acc_dK.load() * softmax_scale)
