@@ -109,3 +109,8 @@ def test_roles_and_text(layouts):
     with pytest.raises(TypeError, match="WgmmaBwdTileConfig"):
         WgmmaBwdLayouts(object())
     assert isinstance(layouts.cfg, WgmmaBwdTileConfig)
+
+
+def test_split_d_tile_is_refused_not_misdescribed():
+    with pytest.raises(ValueError, match="split_d"):
+        WgmmaBwdLayouts(bwd_sm90_tile("bfloat16", 256))

@@ -82,6 +82,11 @@ class WgmmaBwdLayouts:
             cfg = bwd_sm90_tile("bfloat16", 128)
         if not isinstance(cfg, WgmmaBwdTileConfig):
             raise TypeError(f"cfg must be a WgmmaBwdTileConfig, got {type(cfg).__name__}")
+        if cfg.split_d:
+            # its P^T and dS^T are read from shared memory, not registers, and its warpgroups
+            # split the queries and d, not the keys: these tables would describe another kernel
+            raise ValueError("cfg must be a tile without split_d (head_dim up to 128): the "
+                             "split-d tile's fragments are not described yet")
         self.cfg = cfg
         data = _tables_for(cfg)
         self.tables = data["tables"]
