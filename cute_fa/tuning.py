@@ -545,7 +545,15 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 
 
 # the Hopper backward (kernels/bwd/sm90.py): head_dim class -> (block_m, consumers, q_stages,
-# ctas_per_sm). A/B on the H200 (bf16, docs/perf/2026-12-02-h200-bwd-sm90 and -d64):
+# ctas_per_sm[, split_d, dq_writer]). A/B on the H200 (bf16, docs/perf/2026-12-02-h200-bwd-sm90
+# and -d64, docs/perf/2026-12-03-h200-bwd-dq-writer):
+# - dq_writer (dQ through shared memory, added by warp 2 in one bulk reduction) at head_dim 64
+#   and 128: deterministic ran 1.20x-1.50x the consumers' own ordered reductions (its turn
+#   waits leave the consumers' path: deterministic / default from 0.65-0.75 to 0.79-1.01);
+#   default 1.02x-1.09x at head_dim 64, 0.985x-1.03x at 128. Past 128 its float32 block does
+#   not fit beside split_d's 215 KB. Under a softcap at head_dim 128 (BWD_SM90_SOFTCAP_TILES)
+#   it spills 164 bytes stored and 208 loaded, past BWD_SM90_SPILL_BUDGET: the softcap keeps
+#   the consumers' reductions there, default and deterministic.
 # - head_dim 128: a third Q/dO stage ran -2% to +14% (causal S = 4k) against two.
 # - head_dim 64: two CTAs per SM of one consumer warpgroup and 64 keys each ran 1.07x-1.22x the
 #   one CTA of two warpgroups and 128 keys x 128 queries per step (every grid and GQA shape,
@@ -556,7 +564,7 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 #   warpgroup of 128 queries at one CTA per SM 0.89x-0.99x.
 # - deterministic at head_dim 64 keeps the 128-key tile (BWD_SM90_DETERMINISTIC_TILES): the
 #   64-key tile doubles the key blocks that take turns on each dQ block, and ran 0.87x (causal
-#   S = 4k) and 0.67x (S = 16k) of it.
+#   S = 4k) and 0.67x (S = 16k) of it; with the dQ writer on both, 0.79x-0.96x of it.
 # Each consumer thread holds dK and dV of its 64 keys (64 float32 registers each at head_dim
 # 128) beside S^T and dP^T; ptxas fits that in setmaxnreg's 240 with at most
 # BWD_SM90_SPILL_BUDGET bytes of spill stores or loads (0 without a softcap; the softcap's
@@ -570,10 +578,11 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 #   head_dim padded to 256 either way; two stages of Q and dO fill 215 KB of shared memory).
 #   It ran 1.53x-1.80x the mma.sync backward at head_dim 256 and 1.05x-1.13x at 192 (padded
 #   to 256) on every shape measured (docs/perf/2026-12-02-h200-bwd-split-d).
-BWD_SM90_TILES = {64: (64, 1, 2, 2), 128: (64, 2, 3, 1), 192: (64, 2, 2, 1, True),
-                  256: (64, 2, 2, 1, True)}
-BWD_SM90_DETERMINISTIC_TILES = {64: (128, 2, 2, 1)}
-BWD_SM90_DETERMINISTIC_SOFTCAP_TILES = {64: (64, 2, 2, 1)}
+BWD_SM90_TILES = {64: (64, 1, 2, 2, False, True), 128: (64, 2, 3, 1, False, True),
+                  192: (64, 2, 2, 1, True), 256: (64, 2, 2, 1, True)}
+BWD_SM90_SOFTCAP_TILES = {128: (64, 2, 3, 1)}
+BWD_SM90_DETERMINISTIC_TILES = {64: (128, 2, 2, 1, False, True)}
+BWD_SM90_DETERMINISTIC_SOFTCAP_TILES = {64: (64, 2, 2, 1, False, True)}
 BWD_SM90_SPILL_BUDGET = 192
 BWD_SM90_AUTO = (64, 128, 192, 256)  # the head_dim classes 'auto' runs the wgmma backward on
 BWD_BACKENDS = ("auto", "sm80", "sm90")
@@ -590,10 +599,13 @@ def check_bwd_backend(backend) -> str:
 
 def bwd_sm90_tile(dtype: str, head_dim: int, softcap: bool = False,
                   deterministic: bool = False) -> WgmmaBwdTileConfig | None:
-    """The Hopper backward's tile for head_dim, or None where it has none. deterministic takes
-    its own tiles where it has them, and of those a softcap's."""
+    """The Hopper backward's tile for head_dim, or None where it has none. A softcap takes its
+    own tiles where it has them; deterministic takes its own where it has them, and of those a
+    softcap's."""
     cls = head_dim_class(head_dim)
     found = BWD_SM90_TILES.get(cls)
+    if softcap:
+        found = BWD_SM90_SOFTCAP_TILES.get(cls, found)
     if deterministic:
         table = BWD_SM90_DETERMINISTIC_SOFTCAP_TILES if softcap else BWD_SM90_DETERMINISTIC_TILES
         found = table.get(cls, found)

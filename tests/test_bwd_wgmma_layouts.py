@@ -111,6 +111,22 @@ def test_roles_and_text(layouts):
     assert isinstance(layouts.cfg, WgmmaBwdTileConfig)
 
 
+def test_dq_sums_by_hand(layouts):
+    """Each dQ register's place in its query block's float32 sums, written here: register e of
+    thread t at float 4 (e // 4) T + 4 t + e % 4 (T consumer threads; 16-byte runs, a warp's
+    512 consecutive bytes per run), every float of the block owned once. Under dq_writer these
+    are the offsets in the shared block the writer warp adds whole (warp 2's role)."""
+    cfg = layouts.cfg
+    T = cfg.num_threads
+    for t in (0, 1, 31, 32, T - 1):
+        e = np.arange(len(layouts.grad_q(t)))
+        np.testing.assert_array_equal(layouts.dq_sums(t), 4 * (e // 4) * T + 4 * t + e % 4)
+    every = np.concatenate([layouts.dq_sums(t) for t in range(T)])
+    assert sorted(every) == list(range(cfg.block_m * cfg.head_dim_padded))
+    assert layouts.role(2).startswith("dQ writer" if cfg.dq_writer else "idle")
+    assert layouts.role(3).startswith("idle")
+
+
 def test_split_d_tile_is_refused_not_misdescribed():
     with pytest.raises(ValueError, match="split_d"):
         WgmmaBwdLayouts(bwd_sm90_tile("bfloat16", 256))

@@ -1,7 +1,8 @@
 """The Hopper (wgmma) backward compiles for sm_90a in every shipped configuration: wgmma for its
 five products (S^T, dP^T and dQ from shared memory, dV and dK with their A operand in
 registers, or under split_d from shared memory too), TMA loads of K, V, Q and dO, setmaxnreg between the producer and the consumer
-warpgroups, stmatrix of dS, vector float32 reductions of dQ; spills within
+warpgroups, stmatrix of dS, dQ's float32 sums added by vector reductions from the consumers'
+registers or, under dq_writer, by one bulk reduction from shared memory; spills within
 tuning.BWD_SM90_SPILL_BUDGET and shared memory within sm90's; `precompile(backward=True)`
 plans it for an sm90 GPU. It takes nothing but sm90."""
 
@@ -46,7 +47,15 @@ def _ptx(key) -> str:
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer};", ptx)
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer};", ptx)
     assert "stmatrix.sync.aligned" in ptx
-    assert re.search(r"red\.relaxed\.gpu\.global\.add\.v4\.f32", ptx)
+    bulk = "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
+    if cfg.dq_writer:
+        # the consumers' 16-byte stores of dQ, shown to the bulk copy, which one lane issues
+        assert ptx.count(bulk) == 1 and "fence.proxy.async.shared::cta" in ptx
+        assert "st.shared.v4.b32" in ptx or "st.shared.v4.f32" in ptx
+        assert bool(re.search(r"red\.relaxed\.gpu\.global\.add\.v4\.f32", ptx)) == key.kv_accum
+    else:
+        assert bulk not in ptx
+        assert re.search(r"red\.relaxed\.gpu\.global\.add\.v4\.f32", ptx)
     assert "mma.sync" not in ptx and "ldmatrix" not in ptx
     res = ptxas_resources(ptx, ARCH)
     assert res["spill_stores"] <= BWD_SM90_SPILL_BUDGET, res["log"]
@@ -136,6 +145,7 @@ def test_auto_and_its_limits():
     (dict(head_dim=100), "multiple of 8"),
     (dict(head_dim=256, consumers=1, split_d=True), "split_d splits d between two"),
     (dict(head_dim=256, split_d=True, block_m=48), "split_d halves block_m"),
+    (dict(head_dim=256, split_d=True, dq_writer=True), "no room for"),
 ])
 def test_tile_config_errors(kwargs, match):
     base = dict(head_dim=128, block_m=64, consumers=2, dtype="bfloat16", q_stages=2)
@@ -165,3 +175,27 @@ def test_precompile_plans_it_for_sm90():
 def test_split_d_flag_is_a_bool():
     with pytest.raises(TypeError, match="split_d must be a bool"):
         WgmmaBwdTileConfig(head_dim=256, split_d=1)
+    with pytest.raises(TypeError, match="dq_writer must be a bool"):
+        WgmmaBwdTileConfig(head_dim=128, dq_writer=1)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_dq_writer_ships_up_to_128(head_dim, deterministic):
+    """head_dim 64 and 128 hand dQ to the writer warp, default and deterministic (the H200
+    A/B of docs/perf/2026-12-03-h200-bwd-dq-writer); its float32 block is block_m x
+    head_dim_padded x 4 bytes more shared memory, past 128 more than split_d has room for."""
+    cfg = bwd_sm90_tile("bfloat16", head_dim, deterministic=deterministic)
+    assert cfg.dq_writer
+    plain = WgmmaBwdTileConfig(cfg.head_dim, cfg.block_m, cfg.consumers, cfg.dtype,
+                               cfg.q_stages, cfg.ctas_per_sm)
+    assert cfg.smem_bytes() - plain.smem_bytes() == 4 * cfg.block_m * cfg.head_dim_padded
+    assert not bwd_sm90_tile("bfloat16", 256).dq_writer
+
+
+def test_kv_accum_keeps_register_reductions_beside_the_writer():
+    """Under a head split the CTAs add dK and dV from registers (vector reductions) while dQ
+    goes through the writer warp."""
+    _, key, _ = bwd_keys(ARCH, "bfloat16", 128, True)
+    split = BwdSm90Key(arch=ARCH, causal=True, tile=key.tile, kv_accum=True)
+    _ptx(split)

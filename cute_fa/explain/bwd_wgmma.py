@@ -25,17 +25,24 @@ from ..layouts.config import WARP_SIZE, WgmmaBwdTileConfig
 from .introspect import check_tid, fmt_ranges, trace_builders
 
 ARCH = "sm_90a"
-ROLES = {0: "TMA producer: K and V once, then Q and dO of every step",
-         1: "row loader: each step's LSE and D rows into shared memory",
-         2: "idle (hands its registers to the consumers: setmaxnreg)",
-         3: "idle (hands its registers to the consumers: setmaxnreg)"}
+IDLE = "idle (hands its registers to the consumers: setmaxnreg)"
+
+
+def _roles(cfg: WgmmaBwdTileConfig) -> dict:
+    """The producer warpgroup's warps and what each does in this tile's kernel."""
+    writer = ("dQ writer: each step's dQ block, once the consumers have left it in shared "
+              "memory, into dQaccum by one bulk reduction (deterministic: in its key block's "
+              "turn)") if cfg.dq_writer else IDLE
+    return {0: "TMA producer: K and V once, then Q and dO of every step",
+            1: "row loader: each step's LSE and D rows into shared memory",
+            2: writer, 3: IDLE}
 
 
 def _collect(cfg: WgmmaBwdTileConfig) -> dict:
     import cutlass
     import cutlass.cute as cute
 
-    from ..layouts import _read
+    from ..layouts import _read, bwd
 
     out: dict = {}
 
@@ -62,6 +69,10 @@ def _collect(cfg: WgmmaBwdTileConfig) -> dict:
                           "tiled_mma_dq": str(dq), "St_partition": str(s_layout),
                           "Pt_view": str(a_layout),
                           "sdS": str(bwd_wgmma.smem_layout_ds(cfg))}
+        chunk = bwd.accum_chunk_layout(bm, dp, cfg.num_threads, bwd.dq_vector(ARCH))
+        # index order (element, register run, thread): a row per thread, register order
+        out["dq_offsets"] = _read.indices(chunk).reshape(cfg.num_threads, -1)
+        out["layouts"]["dq_sums"] = str(chunk)
 
     return trace_builders(read_all, out, ARCH)  # the wgmma builders check the target
 
@@ -92,6 +103,7 @@ class WgmmaBwdLayouts:
         self.tables = data["tables"]
         self.layouts = data["layouts"]
         self.a_registers = data["a_registers"]
+        self.dq_offsets = data["dq_offsets"]
 
     def role(self, warp: int) -> str:
         """The role of CTA warp `warp` (0-3: the producer warpgroup; then the consumers)."""
@@ -99,7 +111,7 @@ class WgmmaBwdLayouts:
         if not 0 <= warp < n_warps:
             raise ValueError(f"warp must be in [0, {n_warps}), got {warp}")
         if warp < 4:
-            return ROLES[warp]
+            return _roles(self.cfg)[warp]
         g = warp // 4 - 1
         return (f"consumer warpgroup {g}: keys {64 * g}-{64 * g + 63} of the block "
                 f"(S^T, dP^T, dV, dK), dQ's columns "
@@ -121,6 +133,13 @@ class WgmmaBwdLayouts:
         """(query, d) of each dQ accumulator register of thread tid."""
         return self.tables["dQ"][check_tid(tid, self.cfg.num_threads)]
 
+    def dq_sums(self, tid: int) -> np.ndarray:
+        """Where each dQ accumulator register of thread tid goes in its query block's float32
+        sums: a float offset into the block of dQaccum (`layouts.bwd.accum_chunk_layout`),
+        and under dq_writer the same offset into the shared block that the writer warp adds
+        there whole."""
+        return self.dq_offsets[check_tid(tid, self.cfg.num_threads)]
+
     def describe(self, tid: int) -> str:
         """Thread tid's share of the five products, in words."""
         cfg = self.cfg
@@ -138,5 +157,8 @@ class WgmmaBwdLayouts:
             f"dS: its {len(s)} dS^T values go to shared memory at their own (key, query); the "
             f"dQ wgmmas of both warpgroups read all {cfg.block_m} x {cfg.block_n} of dS back",
             f"dQ: {len(q)} registers, queries {fmt_ranges(q[:, 0])} x d {fmt_ranges(q[:, 1])},"
-            f" added into dQaccum by float32 vector reductions",
+            + (f" stored to the shared dQ block at floats {fmt_ranges(self.dq_sums(tid))} "
+               f"(16-byte runs), which warp 2 adds into dQaccum" if cfg.dq_writer else
+               f" added into dQaccum at floats {fmt_ranges(self.dq_sums(tid))} of its block by "
+               f"float32 vector reductions"),
         ])

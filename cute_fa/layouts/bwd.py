@@ -156,10 +156,17 @@ def accum_chunk(maccum, batch, head, block, rows: int, cols: int, num_threads: i
     live at (r * num_threads + t) * vec, so a warp's reductions (and the postprocess's loads)
     cover 32 * vec consecutive floats, where the rows of an MMA fragment would scatter them over
     8 rows. Indexed [element, thread]. maccum: (batch, heads, blocks * rows * cols)."""
+    return cute.make_tensor(maccum[batch, head, None].iterator + block * rows * cols,
+                            accum_chunk_layout(rows, cols, num_threads, vec))
+
+
+def accum_chunk_layout(rows: int, cols: int, num_threads: int, vec: int = 1):
+    """The [element, thread] layout of one block's float32 sums (`accum_chunk`): the same over
+    a block of dQaccum and over the shared-memory image of it that the Hopper backward's dQ
+    writer adds in one bulk reduction (`WgmmaBwdTileConfig.dq_writer`)."""
     size = rows * cols
-    return cute.make_tensor(maccum[batch, head, None].iterator + block * size,
-                            cute.make_layout(((vec, size // (num_threads * vec)), num_threads),
-                                             stride=((1, num_threads * vec), vec)))
+    return cute.make_layout(((vec, size // (num_threads * vec)), num_threads),
+                            stride=((1, num_threads * vec), vec))
 
 
 def dq_accum_chunk(mdQaccum, batch, head, block, cfg: BwdTileConfig, vec: int = 1):

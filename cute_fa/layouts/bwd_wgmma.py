@@ -109,6 +109,7 @@ def shared_storage(cfg: WgmmaBwdTileConfig, n_barriers: int):
     kv = cute.cosize(tma_smem_layout(cfg, "K"))
     ds = cute.cosize(smem_layout_ds(cfg))
     rows = cfg.block_m * cfg.q_stages
+    dq = cfg.block_m * cfg.head_dim_padded
 
     @cute.struct
     class BwdSm90Storage:
@@ -122,6 +123,8 @@ def shared_storage(cfg: WgmmaBwdTileConfig, n_barriers: int):
         sdS: cute.struct.Align[cute.struct.MemRange[dtype, ds], 1024]
         if cfg.split_d:
             sP: cute.struct.Align[cute.struct.MemRange[dtype, ds], 1024]
+        if cfg.dq_writer:
+            sdQ: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, dq], 1024]
     return BwdSm90Storage
 
 
@@ -129,10 +132,14 @@ class QBarriers:
     """Where the Hopper backward's mbarriers sit: K and V landed (one, for the CTA's key
     block); per stage Q full and dO full (TMA bytes; one arrival, the producer's expect_tx),
     LSE/D full (the row loader warp's 32 lanes), and empty (one arrival per consumer
-    thread, once every product reading the stage is done and its LSE/D rows are read)."""
+    thread, once every product reading the stage is done and its LSE/D rows are read). With
+    a dQ writer (`WgmmaBwdTileConfig.dq_writer`) two more: dQ full (one arrival per consumer
+    thread, its share of the block stored) and dQ empty (the writer's one, once the bulk
+    reduction has read the block)."""
 
-    def __init__(self, stages: int):
+    def __init__(self, stages: int, dq_writer: bool = False):
         self.stages = stages
+        self.dq_writer = dq_writer
 
     kv = 0
     q_full = 1
@@ -150,5 +157,13 @@ class QBarriers:
         return 1 + 3 * self.stages
 
     @property
-    def count(self) -> int:
+    def dq_full(self) -> int:
         return 1 + 4 * self.stages
+
+    @property
+    def dq_empty(self) -> int:
+        return 2 + 4 * self.stages
+
+    @property
+    def count(self) -> int:
+        return 1 + 4 * self.stages + (2 if self.dq_writer else 0)

@@ -295,7 +295,12 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     thread's registers): the two consumer warpgroups share one block of 64 keys and split d
     instead, each holding dK and dV of its half of the columns; S^T and dP^T split the queries
     between them, so P^T goes through shared memory too, and dV and dK read P^T and dS^T from
-    there (SS-wgmma)."""
+    there (SS-wgmma).
+    dq_writer: the consumers leave each query block's dQ (float32, in the order of its sums in
+    dQaccum) in shared memory, and warp 2 of the producer warpgroup adds it into dQaccum with
+    one bulk reduction (cp.reduce.async.bulk), waiting for the deterministic mode's turn there,
+    off the consumers' path; without it the consumers add dQ from registers and wait for the
+    turn themselves."""
 
     head_dim: int = 128
     block_m: int = 64
@@ -304,12 +309,17 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     q_stages: int = 2
     ctas_per_sm: int = 1
     split_d: bool = False
+    dq_writer: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         check_head_dim("head_dim", self.head_dim)
-        if not isinstance(self.split_d, bool):
-            raise TypeError(f"split_d must be a bool, got {self.split_d!r}")
+        for name in ("split_d", "dq_writer"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.split_d and self.dq_writer:
+            raise ValueError("dq_writer stages a float32 dQ block in shared memory, which the "
+                             "split_d tile (head_dim past 128) has no room for")
         if self.split_d and (self.consumers != 2 or self.ctas_per_sm != 1):
             raise ValueError(f"split_d splits d between two consumer warpgroups of one CTA per "
                              f"SM, got consumers={self.consumers}, "
@@ -364,13 +374,14 @@ class WgmmaBwdTileConfig(HeadDimTiling):
                        pad=self.d_pad)
 
     def smem_bytes(self) -> int:
-        """K, V, q_stages of Q and dO, dS (and P under split_d), the LSE/D rows of each stage
-        and the mbarriers, each tile 1024-byte aligned."""
+        """K, V, q_stages of Q and dO, dS (and P under split_d), the LSE/D rows of each stage,
+        dQ's float32 block under dq_writer and the mbarriers, each tile 1024-byte aligned."""
         dp, e = self.head_dim_padded, self.elem_bytes
         score_tiles = 2 if self.split_d else 1
+        dq_stage = 4 * self.block_m * dp if self.dq_writer else 0
         return ((2 * self.block_n * dp + 2 * self.q_stages * self.block_m * dp
                  + score_tiles * self.block_m * self.block_n) * e
-                + 2 * 4 * self.q_stages * self.block_m + 1024)
+                + 2 * 4 * self.q_stages * self.block_m + dq_stage + 1024)
 
 
 @dataclass(frozen=True)

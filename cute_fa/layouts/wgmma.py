@@ -34,7 +34,8 @@ _REGISTER_SPLITS = {(1, 1): (56, 256), (1, 2): (24, 240), (1, 3): (32, 160), (2,
 class WarpRoles:
     """Who does what in the warp-specialized CTA: warpgroup 0 is the producer (its warp 0
     issues every TMA load; in the forward the other three warps only hand their registers back,
-    in the backward warp 1 also loads the LSE and D rows), warpgroups 1 ... consumers run the
+    in the backward warp 1 also loads the LSE and D rows, and warp 2 adds dQ's sums where the
+    tile has a dQ writer), warpgroups 1 ... consumers run the
     MMAs and the softmax. setmaxnreg moves registers from the producer to the consumers: the
     register file's share of one CTA (64K registers / ctas_per_sm) is split as
     producer_regs x 128 + consumer_regs x 128 x consumers."""

@@ -10,8 +10,10 @@ Roles: warpgroup 0 is the producer. Its warp 0 loads K and V once and Q and dO o
 block into a ring of q_stages stages (TMA); its warp 1 loads the block's LSE (log2 units) and
 D = rowsum(dO * O) rows into shared memory, +inf and 0 past the entry's queries, so those
 rows weigh nothing (a ragged batch's tile runs into the next entry's rows: its Q and dO are
-read, and the +inf LSE zeroes them). Warps 2-3 only hand their registers to the consumers
-(setmaxnreg). The roles meet at mbarriers (`layouts.bwd_wgmma.QBarriers`).
+read, and the +inf LSE zeroes them). Under dq_writer (`WgmmaBwdTileConfig.dq_writer`) warp 2
+adds each query block's dQ, which the consumers leave in shared memory, into dQaccum (one bulk
+reduction); the other warps only hand their registers to the consumers (setmaxnreg). The roles
+meet at mbarriers (`layouts.bwd_wgmma.QBarriers`).
 
 A consumer warpgroup's query block, in issue order:
 
@@ -22,7 +24,8 @@ A consumer warpgroup's query block, in issue order:
     wait dP^T: dS^T = P^T (dP^T - D) (times 1 - tanh^2 under a softcap)
     dS^T -> shared memory (stmatrix); dK += dS^T Q   RS-wgmma, issued
     consumers' barrier (all of dS written); dQ = dS K   SS-wgmma, issued
-    wait all; release the stage; dQ -> float32 reductions into dQaccum
+    wait all; release the stage; dQ -> float32 reductions into dQaccum (under dq_writer:
+    dQ -> shared memory, for the writer warp)
 
 Under split_d (head_dim past 128, `WgmmaBwdTileConfig.split_d`) each warpgroup computes S^T
 and dP^T for its half of the queries and dV, dK, dQ for its half of d: P^T goes to shared
@@ -30,7 +33,8 @@ memory (stmatrix) and the consumers meet before dV, as before dQ, since dV's and
 over the queries read both halves (SS-wgmma from sP and sdS).
 
 deterministic: as the sm80 kernel (`base.FlashBwdBase._turn`), one CTA at a time per query
-block's dQ sums, in key-block order, the consumers passing the turn on a counter.
+block's dQ sums, in key-block order, passing the turn on a counter: the consumers wait for it,
+or under dq_writer the writer warp does, while the consumers run on (one block ahead).
 
 kv_accum (a K/V group's query heads split over head_splits CTAs, so that a small batch of few
 K/V heads still fills the GPU and a causal grid's long key blocks are cut down): each CTA
@@ -51,7 +55,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ...layouts import bwd as bwd_layouts, bwd_wgmma, ring, smem, tma, wgmma
 from ...layouts._types import cutlass_dtype
-from ..common import epilogue, mask
+from ..common import bulk, epilogue, mask
 from ..common.launch import occupancy_options
 from ..common.softmax import score_scales
 from ..common.thread_mma import tile_place
@@ -67,7 +71,7 @@ class FlashBwdSm90(FlashBwdBase):
 
     def __init__(self, key):
         super().__init__(key)
-        self.bars = bwd_wgmma.QBarriers(self.cfg.q_stages)
+        self.bars = bwd_wgmma.QBarriers(self.cfg.q_stages, self.cfg.dq_writer)
         self.roles = wgmma.WarpRoles(self.cfg.consumers, self.cfg.ctas_per_sm)
         # the tile's CTAs per SM (the key carries none); one is left to ptxas, as before
         self.ctas_per_sm = self.cfg.ctas_per_sm if self.cfg.ctas_per_sm > 1 else 0
@@ -142,8 +146,11 @@ class FlashBwdSm90(FlashBwdBase):
                     cute.arch.mbarrier_init(mbar + i, 1)
                 for i in cutlass.range_constexpr(bars.rows_full, bars.empty):
                     cute.arch.mbarrier_init(mbar + i, 32)  # the row loader's lanes
-                for i in cutlass.range_constexpr(bars.empty, bars.count):
+                for i in cutlass.range_constexpr(bars.empty, bars.empty + cfg.q_stages):
                     cute.arch.mbarrier_init(mbar + i, self._empty_arrivals())
+                if cutlass.const_expr(cfg.dq_writer):
+                    cute.arch.mbarrier_init(mbar + bars.dq_full, cfg.num_threads)
+                    cute.arch.mbarrier_init(mbar + bars.dq_empty, 1)
                 cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
 
@@ -162,6 +169,10 @@ class FlashBwdSm90(FlashBwdBase):
                 if warp == 1:
                     self._load_rows(storage, mLSE, mD, seqlen, blocks, batch, head0,
                                     per_head, steps)
+                if cutlass.const_expr(cfg.dq_writer):
+                    if warp == 2:
+                        self._write_dq(storage, mdQaccum, mSemaphore, seqlen, blocks, batch,
+                                       head0, n_block, per_head, steps, mCuSeqlensQ)
             else:
                 cute.arch.setmaxregister_increase(self.roles.consumer_regs)
                 grads = Grads(mdQaccum, mdK, mdV, mdKaccum, mdVaccum, mSemaphore, mKvSemaphore)
@@ -258,6 +269,41 @@ class FlashBwdSm90(FlashBwdBase):
                 sD[stage * bm + r * 32 + lane] = value_d
             cute.arch.mbarrier_arrive(mbar + bars.rows_full + stage)
 
+    @cute.jit
+    def _write_dq(self, storage, mdQaccum, mSemaphore, seqlen: SeqlenInfo, blocks: QueryBlocks,
+                  batch, head0, n_block, per_head, steps, mCuSeqlensQ):
+        """Warp 2 under dq_writer: each step's dQ block, once every consumer thread has stored
+        its share (`_stage_dq`), added into dQaccum by one bulk reduction from lane 0, which
+        frees the block for the next step as soon as the reduction has read it.
+        deterministic: lane 0 waits for the key block's turn first (`_turn`) and passes it on
+        once the sums are written, while the consumers go on with the next query block."""
+        cfg, bars = self.cfg, self.bars
+        mbar = storage.mbar.data_ptr()
+        sdQ = storage.sdQ.get_tensor(cute.make_layout(cfg.block_m * cfg.head_dim_padded))
+        nbytes = cfg.block_m * cfg.head_dim_padded * 4
+        if cute.arch.lane_idx() == 0:
+            for i in cutlass.range(steps, unroll=1):
+                head, m_block = self._step_place(i, blocks, head0, per_head)
+                chunk = bwd_layouts.dq_accum_chunk(
+                    mdQaccum, 0 if cutlass.const_expr(self.varlen_q) else batch, head,
+                    bwd_layouts.dq_block(m_block, batch, cfg.block_m, mCuSeqlensQ), cfg,
+                    self.dq_vector)
+                cute.arch.mbarrier_wait(mbar + bars.dq_full, i % 2)
+                if cutlass.const_expr(self.deterministic):
+                    lock = mSemaphore[batch, head, None].iterator + m_block
+                    self._wait_turn(lock, self._turn(m_block, n_block, blocks, seqlen), 0)
+                    # the reductions (async proxy) after the acquire (generic proxy)
+                    cute.arch.fence_proxy("async.global")
+                bulk.reduce_add_f32(chunk.iterator, sdQ.iterator, nbytes)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.mbarrier_arrive(mbar + bars.dq_empty)
+                if cutlass.const_expr(self.deterministic):
+                    cute.arch.cp_async_bulk_wait_group(0)  # the sums written ...
+                    cute.arch.fence_proxy("async.global")  # ... and ordered before the release
+                    self._pass_turn(lock, 0)
+            cute.arch.cp_async_bulk_wait_group(0)
+
     # ---- the consumers ----
 
     def _empty_arrivals(self) -> int:
@@ -278,6 +324,23 @@ class FlashBwdSm90(FlashBwdBase):
     def _dq_sync(self):
         """The barrier of the threads that add dQ: the consumers'."""
         self._consumer_sync()
+
+    @cute.jit
+    def _stage_dq(self, acc_dQ, sdQ_chunk, mbar, i, tid):
+        """dq_writer: this thread's dQ of step i into the shared block, in dQaccum's order of
+        the sums (`layouts.bwd.accum_chunk_layout`: a warp's 16-byte stores are 512
+        consecutive bytes), once the writer's reduction of step i - 1 has read the block;
+        then the thread's arrival on dQ full, after the fence that shows its stores to the
+        bulk copy (async proxy)."""
+        if i > 0:
+            cute.arch.mbarrier_wait(mbar + self.bars.dq_empty, (i - 1) % 2)
+        vec = self.dq_vector
+        n = cute.size(acc_dQ) // vec
+        mine = cute.make_tensor(sdQ_chunk[None, tid].iterator,
+                                cute.make_layout((vec, n), stride=(1, self.cfg.num_threads * vec)))
+        cute.autovec_copy(cute.make_tensor(acc_dQ.iterator, cute.make_layout((vec, n))), mine)
+        cute.arch.fence_view_async_shared()
+        cute.arch.mbarrier_arrive(mbar + self.bars.dq_full)
 
     @cute.jit
     def _consume(self, storage, grads: "Grads", scale_log2, softmax_scale, softcap_scale,
@@ -319,6 +382,10 @@ class FlashBwdSm90(FlashBwdBase):
             sP = storage.sP.get_tensor(lds.outer, swizzle=lds.inner)
             tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_A(wgmma.transposed(sP)))
             tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_A(wgmma.transposed(sdS)))
+
+        if cutlass.const_expr(cfg.dq_writer):
+            sdQ_chunk = storage.sdQ.get_tensor(bwd_layouts.accum_chunk_layout(
+                bm, dp, cfg.num_threads, self.dq_vector))
 
         thr_sdp = mma_sdp.get_slice(ctidx)
         acc_dK = cute.make_rmem_tensor(mma_dkv.get_slice(ctidx).partition_shape_C((bn, dp)),
@@ -403,8 +470,11 @@ class FlashBwdSm90(FlashBwdBase):
             gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, True)
             warpgroup.wait_group(0)
             self._release(mbar, stage)
-            self._add_dq(acc_dQ, grads.dq_accum, head, m_block, n_block, blocks, seqlen, batch,
-                         mCuSeqlensQ, grads.semaphore, None, None, ctidx)
+            if cutlass.const_expr(cfg.dq_writer):
+                self._stage_dq(acc_dQ, sdQ_chunk, mbar, i, ctidx)
+            else:
+                self._add_dq(acc_dQ, grads.dq_accum, head, m_block, n_block, blocks, seqlen,
+                             batch, mCuSeqlensQ, grads.semaphore, None, None, ctidx)
             self._consumer_sync()  # every warpgroup has read dS (and P) before a rewrite
 
         # dS was formed from scores S = Q K^T, the logits are S * softmax_scale
