@@ -580,6 +580,11 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 #   to 256) on every shape measured (docs/perf/2026-12-02-h200-bwd-split-d).
 BWD_SM90_TILES = {64: (64, 1, 2, 2, False, True), 128: (64, 2, 3, 1, False, True),
                   192: (64, 2, 2, 1, True), 256: (64, 2, 2, 1, True)}
+# Awaiting the H200: head_dim 192 unpadded on 64-byte swizzle atoms (each warpgroup's 96
+# columns three atoms; 162 KB of shared memory, no spills or serialized wgmmas on sm_90a with
+# .minnctapersm 1) against the shipped tile, which pads 192 to 256 (a third more work). Compiled
+# by the CPU tests; 'auto' does not take it before an A/B in one process says it wins.
+BWD_SM90_CANDIDATE_TILES = {192: (64, 2, 2, 1, True, False, 32)}
 BWD_SM90_SOFTCAP_TILES = {128: (64, 2, 3, 1)}
 BWD_SM90_DETERMINISTIC_TILES = {64: (128, 2, 2, 1, False, True)}
 BWD_SM90_DETERMINISTIC_SOFTCAP_TILES = {64: (64, 2, 2, 1, False, True)}

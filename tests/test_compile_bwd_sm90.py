@@ -15,7 +15,8 @@ from cute_fa.compile.build import compile_kernel
 from cute_fa.compile.keys import BwdSm90Key
 from cute_fa.compile.ptxas import ptxas_resources
 from cute_fa.layouts.config import WgmmaBwdTileConfig
-from cute_fa.tuning import (BWD_SM90_SPILL_BUDGET, BWD_SM90_TILES, SMEM_BYTES, bwd_backend,
+from cute_fa.tuning import (BWD_SM90_CANDIDATE_TILES, BWD_SM90_SPILL_BUDGET, BWD_SM90_TILES,
+                            SMEM_BYTES, bwd_backend,
                             bwd_keys, bwd_sm90_tile)
 
 ARCH = "sm_90a"
@@ -115,15 +116,59 @@ def test_postprocess_reads_the_wgmma_order():
     assert ptxas_resources(ptx, ARCH)["spill_stores"] == 0
 
 
-@pytest.mark.parametrize("head_dim", [40, 64, 96, 128, 136, 192, 256])
-def test_head_dims_pad_to_whole_atoms(head_dim):
+@pytest.mark.parametrize("head_dim, padded", [
+    (40, 64), (64, 64), (96, 128), (128, 128), (136, 256), (160, 256), (192, 256), (200, 256),
+    (256, 256)])
+def test_head_dims_pad_to_whole_atoms(head_dim, padded):
     """Each warpgroup's columns of dQ (and under split_d of dK and dV) are whole 64-element
-    swizzle atoms: past 128 the padded width is a multiple of 2 x 64."""
+    swizzle atoms: past 128 the padded width is a multiple of 2 x 64. The dQ conversion and
+    the dK/dV stores walk the same rows."""
     cfg = bwd_sm90_tile("bfloat16", head_dim)
     assert cfg.split_d == (head_dim > 128)
-    atom = 128 if head_dim > 128 else 64
-    assert cfg.head_dim_padded % atom == 0 and cfg.head_dim_padded - head_dim < atom
-    assert cfg.q_rows.head_dim_padded == cfg.kv_rows.head_dim_padded == cfg.head_dim_padded
+    assert (cfg.head_dim_padded, cfg.smem_atom_cols) == (padded, 64)
+    for rows in (cfg.q_rows, cfg.kv_rows):
+        assert (rows.head_dim_padded, rows.smem_atom_cols) == (padded, 64)
+
+
+def _candidate_192(head_dim=192, dtype="bfloat16"):
+    found = BWD_SM90_CANDIDATE_TILES[192]
+    return WgmmaBwdTileConfig(head_dim, *found[:2], dtype, *found[2:])
+
+
+@pytest.mark.parametrize("head_dim", [136, 160, 192])
+def test_candidate_192_runs_unpadded(head_dim):
+    """The candidate head_dim 192 tile (64-byte atoms) pads to 192: 96 columns per warpgroup,
+    three 32-element atoms; its rows' tiles take the same atom."""
+    cfg = _candidate_192(head_dim)
+    assert (cfg.head_dim_padded, cfg.smem_atom_cols, cfg.d_pad) == (192, 32, 64)
+    assert cfg.smem_bytes() <= SMEM_BYTES[ARCH]
+    for rows in (cfg.q_rows, cfg.kv_rows):
+        assert (rows.head_dim_padded, rows.smem_atom_cols) == (192, 32)
+
+
+@pytest.mark.parametrize("feature, dtype", [(None, "bfloat16"), ("softcap", "float16"),
+                                            ("deterministic", "bfloat16"), ("varlen", "bfloat16")])
+def test_candidate_192_compiles(feature, dtype):
+    """The candidate tile on sm_90a within the spill budget (`_ptx`: the wgmma counts of
+    split_d at n = 96), with .minnctapersm 1, without which ptxas cannot tell the register
+    count at entry and ignores setmaxnreg (C7508); a sample of its features and dtypes, to
+    keep CI short."""
+    kw = {feature: True} if feature else {}
+    key = BwdSm90Key(arch=ARCH, causal=True, tile=_candidate_192(dtype=dtype),
+                     local=kw.get("local", False), softcap=kw.get("softcap", False),
+                     varlen_q=kw.get("varlen", False), varlen_k=kw.get("varlen", False),
+                     deterministic=kw.get("deterministic", False))
+    ptx = _ptx(key)
+    assert ".minnctapersm 1" in ptx
+    log = ptxas_resources(ptx, ARCH)["log"]
+    assert "C7508" not in log and "C7512" not in log
+
+
+def test_atom_cols_errors():
+    with pytest.raises(ValueError, match="atom_cols must be 32 or 64"):
+        WgmmaBwdTileConfig(head_dim=192, split_d=True, atom_cols=16)
+    with pytest.raises(ValueError, match="for split_d tiles"):
+        WgmmaBwdTileConfig(head_dim=128, atom_cols=32)
 
 
 def test_auto_and_its_limits():
@@ -145,7 +190,7 @@ def test_auto_and_its_limits():
     (dict(head_dim=100), "multiple of 8"),
     (dict(head_dim=256, consumers=1, split_d=True), "split_d splits d between two"),
     (dict(head_dim=256, split_d=True, block_m=48), "split_d halves block_m"),
-    (dict(head_dim=256, split_d=True, dq_writer=True), "no room for"),
+    (dict(head_dim=256, split_d=True, dq_writer=True), "does not fit"),
 ])
 def test_tile_config_errors(kwargs, match):
     base = dict(head_dim=128, block_m=64, consumers=2, dtype="bfloat16", q_stages=2)
@@ -199,3 +244,13 @@ def test_kv_accum_keeps_register_reductions_beside_the_writer():
     _, key, _ = bwd_keys(ARCH, "bfloat16", 128, True)
     split = BwdSm90Key(arch=ARCH, causal=True, tile=key.tile, kv_accum=True)
     _ptx(split)
+
+
+def test_row_tile_takes_the_tile_atom():
+    """A RowTile keeps its own atom (64 elements at 192 columns) unless the tile names one."""
+    from cute_fa.layouts.config import RowTile
+
+    assert RowTile(192, 64, 256, "bfloat16", pad=64).smem_atom_cols == 64
+    assert RowTile(192, 64, 256, "bfloat16", pad=64, atom_cols=32).smem_atom_cols == 32
+    with pytest.raises(ValueError, match="atom_cols must be 0, 32 or 64"):
+        RowTile(192, 64, 256, "bfloat16", pad=64, atom_cols=16)

@@ -12,6 +12,7 @@ MMA_M, MMA_N, MMA_K = 16, 8, 16  # SM80 mma.sync m16n8k16
 WARP_SIZE = 32
 COPY_BITS = 128  # one cp.async / ldmatrix row / vector store moves 16 bytes
 MAX_HEAD_DIM = 256
+SM90_SMEM_BYTES = 227 * 1024  # an sm90 CTA's shared memory at most (`arch.SMEM_BYTES`)
 
 _DTYPE_ALIASES = {
     "float16": "float16",
@@ -300,7 +301,11 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     dQaccum) in shared memory, and warp 2 of the producer warpgroup adds it into dQaccum with
     one bulk reduction (cp.reduce.async.bulk), waiting for the deterministic mode's turn there,
     off the consumers' path; without it the consumers add dQ from registers and wait for the
-    turn themselves."""
+    turn themselves.
+    atom_cols: the width of the swizzle atom of the Q, dO, K and V tiles, 64 elements
+    (128-byte rows) or, under split_d only, 32 (64-byte rows). Each warpgroup's half of d must
+    start on an atom of the MN-major operands dO^T, Q^T and K^T, so split_d pads head_dim to
+    2 x atom_cols: with 32, head_dim 192 runs unpadded (96 columns each) instead of as 256."""
 
     head_dim: int = 128
     block_m: int = 64
@@ -310,6 +315,7 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     ctas_per_sm: int = 1
     split_d: bool = False
     dq_writer: bool = False
+    atom_cols: int = 64
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
@@ -317,9 +323,15 @@ class WgmmaBwdTileConfig(HeadDimTiling):
         for name in ("split_d", "dq_writer"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.split_d and self.dq_writer:
-            raise ValueError("dq_writer stages a float32 dQ block in shared memory, which the "
-                             "split_d tile (head_dim past 128) has no room for")
+        if self.atom_cols not in (32, 64):
+            raise ValueError(f"atom_cols must be 32 or 64, got {self.atom_cols!r}")
+        if self.atom_cols == 32 and not self.split_d:
+            raise ValueError("atom_cols=32 (64-byte swizzle atoms) is for split_d tiles, whose "
+                             "warpgroups split d; got split_d=False")
+        if self.dq_writer and self.smem_bytes() > SM90_SMEM_BYTES:
+            raise ValueError(f"dq_writer's float32 dQ block ({4 * self.block_m} x "
+                             f"{self.head_dim_padded}) does not fit: {self.smem_bytes()} bytes "
+                             f"of shared memory, sm90 has {SM90_SMEM_BYTES}")
         if self.split_d and (self.consumers != 2 or self.ctas_per_sm != 1):
             raise ValueError(f"split_d splits d between two consumer warpgroups of one CTA per "
                              f"SM, got consumers={self.consumers}, "
@@ -343,14 +355,17 @@ class WgmmaBwdTileConfig(HeadDimTiling):
 
     @property
     def d_pad(self) -> int:
-        """head_dim_padded's multiple: each warpgroup's columns of dQ (and, under split_d, of dK
-        and dV) are whole 128-byte swizzle atoms (64 elements) of the MN-major operands K^T, dO^T
-        and Q^T."""
-        return 64 * self.consumers if self.split_d else 64
+        """head_dim_padded's multiple: each warpgroup's columns of dQ (and under split_d of dK
+        and dV) are whole swizzle atoms of the MN-major operands K^T, dO^T and Q^T."""
+        return self.atom_cols * self.consumers if self.split_d else 64
+
+    @property
+    def smem_atom_cols(self) -> int:
+        return self.atom_cols
 
     @property
     def head_dim_padded(self) -> int:
-        """head_dim rounded up to d_pad: the smem tiles are whole 128-byte swizzle atoms wide."""
+        """head_dim rounded up to d_pad."""
         return -(-self.head_dim // self.d_pad) * self.d_pad
 
     @property
@@ -365,13 +380,13 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     def q_rows(self) -> "RowTile":
         """The query block's rows as dQ's conversion stores them."""
         return RowTile(self.head_dim, self.block_m, self.num_threads, self.dtype,
-                       pad=self.d_pad)
+                       pad=self.d_pad, atom_cols=self.smem_atom_cols)
 
     @property
     def kv_rows(self) -> "RowTile":
         """The key block's rows as the dK/dV stores walk them."""
         return RowTile(self.head_dim, self.block_n, self.num_threads, self.dtype,
-                       pad=self.d_pad)
+                       pad=self.d_pad, atom_cols=self.smem_atom_cols)
 
     def smem_bytes(self) -> int:
         """K, V, q_stages of Q and dO, dS (and P under split_d), the LSE/D rows of each stage,
@@ -395,12 +410,15 @@ class RowTile(HeadDimTiling):
     num_threads: int
     dtype: str = "float16"
     pad: int = 32  # head_dim_padded's multiple: the tile's whose rows these are
+    atom_cols: int = 0  # the swizzle atom's width where the tile's differs (0: derived)
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         check_head_dim("head_dim", self.head_dim)
         if self.pad not in (32, 64, 128):
             raise ValueError(f"pad must be 32, 64 or 128, got {self.pad}")
+        if self.atom_cols not in (0, 32, 64):
+            raise ValueError(f"atom_cols must be 0, 32 or 64, got {self.atom_cols}")
         if self.block_m % self.copy_rows_per_pass:
             raise ValueError(f"block_m must be a multiple of {self.copy_rows_per_pass} rows per "
                              f"copy pass, got {self.block_m}")
@@ -408,6 +426,10 @@ class RowTile(HeadDimTiling):
     @property
     def head_dim_padded(self) -> int:
         return -(-self.head_dim // self.pad) * self.pad
+
+    @property
+    def smem_atom_cols(self) -> int:
+        return self.atom_cols or super().smem_atom_cols
 
 
 def dq_accum_blocks(max_seqlen_q: int, block_m: int, ragged_rows: int = 0,

@@ -73,8 +73,12 @@ class FlashBwdSm90(FlashBwdBase):
         super().__init__(key)
         self.bars = bwd_wgmma.QBarriers(self.cfg.q_stages, self.cfg.dq_writer)
         self.roles = wgmma.WarpRoles(self.cfg.consumers, self.cfg.ctas_per_sm)
-        # the tile's CTAs per SM (the key carries none); one is left to ptxas, as before
-        self.ctas_per_sm = self.cfg.ctas_per_sm if self.cfg.ctas_per_sm > 1 else 0
+        # the tile's CTAs per SM (the key carries none) for ptxas (.minnctapersm): where it is
+        # two, and for the split-d tile of 64-byte atoms (head_dim 192), where ptxas cannot
+        # tell the register count at entry without it (C7508: setmaxnreg ignored, 580 bytes
+        # spilled); the other tiles leave it to ptxas, as measured
+        told = self.cfg.ctas_per_sm > 1 or self.cfg.atom_cols == 32
+        self.ctas_per_sm = self.cfg.ctas_per_sm if told else 0
         self.kv_accum = key.kv_accum
 
     @cute.jit
