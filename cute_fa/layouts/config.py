@@ -329,7 +329,7 @@ class WgmmaBwdTileConfig(HeadDimTiling):
             raise ValueError("atom_cols=32 (64-byte swizzle atoms) is for split_d tiles, whose "
                              "warpgroups split d; got split_d=False")
         if self.dq_writer and self.smem_bytes() > SM90_SMEM_BYTES:
-            raise ValueError(f"dq_writer's float32 dQ block ({4 * self.block_m} x "
+            raise ValueError(f"dq_writer's float32 dQ block ({self.block_m} x "
                              f"{self.head_dim_padded}) does not fit: {self.smem_bytes()} bytes "
                              f"of shared memory, sm90 has {SM90_SMEM_BYTES}")
         if self.split_d and (self.consumers != 2 or self.ctas_per_sm != 1):
@@ -355,8 +355,9 @@ class WgmmaBwdTileConfig(HeadDimTiling):
 
     @property
     def d_pad(self) -> int:
-        """head_dim_padded's multiple: each warpgroup's columns of dQ (and under split_d of dK
-        and dV) are whole swizzle atoms of the MN-major operands K^T, dO^T and Q^T."""
+        """head_dim_padded's multiple: 64 (whole 128-byte rows), and under split_d twice the
+        atom, so that each warpgroup's half of d (its columns of dQ, dK and dV) is whole
+        swizzle atoms of the MN-major operands K^T, dO^T and Q^T."""
         return self.atom_cols * self.consumers if self.split_d else 64
 
     @property
