@@ -614,9 +614,13 @@ def bwd_sm90_tile(dtype: str, head_dim: int, softcap: bool = False,
     if deterministic:
         table = BWD_SM90_DETERMINISTIC_SOFTCAP_TILES if softcap else BWD_SM90_DETERMINISTIC_TILES
         found = table.get(cls, found)
-    if found is None:
-        return None
-    return WgmmaBwdTileConfig(head_dim, *found[:2], dtype, *found[2:])
+    return None if found is None else bwd_sm90_entry_tile(found, dtype, head_dim)
+
+
+def bwd_sm90_entry_tile(entry: tuple, dtype: str, head_dim: int) -> WgmmaBwdTileConfig:
+    """The tile of an entry of the BWD_SM90_* tables, (block_m, consumers, q_stages,
+    ctas_per_sm[, split_d, dq_writer, atom_cols]), at head_dim and dtype."""
+    return WgmmaBwdTileConfig(head_dim, *entry[:2], dtype, *entry[2:])
 
 
 def bwd_backend(arch: str, dtype: str, head_dim: int, backend: str = "auto") -> str:

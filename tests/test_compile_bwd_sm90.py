@@ -6,6 +6,7 @@ registers or, under dq_writer, by one bulk reduction from shared memory; spills 
 tuning.BWD_SM90_SPILL_BUDGET and shared memory within sm90's; `precompile(backward=True)`
 plans it for an sm90 GPU. It takes nothing but sm90."""
 
+import dataclasses
 import re
 from collections import Counter
 
@@ -17,7 +18,7 @@ from cute_fa.compile.ptxas import ptxas_resources
 from cute_fa.layouts.config import WgmmaBwdTileConfig
 from cute_fa.tuning import (BWD_SM90_CANDIDATE_TILES, BWD_SM90_SPILL_BUDGET, BWD_SM90_TILES,
                             SMEM_BYTES, bwd_backend,
-                            bwd_keys, bwd_sm90_tile)
+                            bwd_keys, bwd_sm90_entry_tile, bwd_sm90_tile)
 
 ARCH = "sm_90a"
 
@@ -131,8 +132,7 @@ def test_head_dims_pad_to_whole_atoms(head_dim, padded):
 
 
 def _candidate_192(head_dim=192, dtype="bfloat16"):
-    found = BWD_SM90_CANDIDATE_TILES[192]
-    return WgmmaBwdTileConfig(head_dim, *found[:2], dtype, *found[2:])
+    return bwd_sm90_entry_tile(BWD_SM90_CANDIDATE_TILES[192], dtype, head_dim)
 
 
 @pytest.mark.parametrize("head_dim", [136, 160, 192])
@@ -232,8 +232,7 @@ def test_dq_writer_ships_up_to_128(head_dim, deterministic):
     head_dim_padded x 4 bytes more shared memory, past 128 more than split_d has room for."""
     cfg = bwd_sm90_tile("bfloat16", head_dim, deterministic=deterministic)
     assert cfg.dq_writer
-    plain = WgmmaBwdTileConfig(cfg.head_dim, cfg.block_m, cfg.consumers, cfg.dtype,
-                               cfg.q_stages, cfg.ctas_per_sm)
+    plain = dataclasses.replace(cfg, dq_writer=False)
     assert cfg.smem_bytes() - plain.smem_bytes() == 4 * cfg.block_m * cfg.head_dim_padded
     assert not bwd_sm90_tile("bfloat16", 256).dq_writer
 

@@ -134,6 +134,20 @@ class FlashBwdBase:
         raise NotImplementedError
 
     @cute.jit
+    def _dq_chunk(self, dq_accum, batch, head, m_block, mCuSeqlensQ):
+        """Query block m_block's float32 sums in dQaccum, [element, thread]
+        (`layouts.bwd.dq_accum_chunk`; a ragged batch's blocks by `layouts.bwd.dq_block`)."""
+        return bwd_layouts.dq_accum_chunk(
+            dq_accum, 0 if cutlass.const_expr(self.varlen_q) else batch, head,
+            bwd_layouts.dq_block(m_block, batch, self.cfg.block_m, mCuSeqlensQ), self.cfg,
+            self.dq_vector)
+
+    @cute.jit
+    def _dq_lock(self, mSemaphore, batch, head, m_block):
+        """deterministic: the address of the turn counter of (batch, head, m_block)."""
+        return mSemaphore[batch, head, None].iterator + m_block
+
+    @cute.jit
     def _add_dq(self, acc_dQ, dq_accum, head, m_block, n_block, blocks: QueryBlocks,
                 seqlen: SeqlenInfo, batch, mCuSeqlensQ, mSemaphore, lock, seen, tid):
         """dQaccum's block m_block += acc_dQ: float32 reductions at L2 (vector ones from sm90
@@ -145,14 +159,10 @@ class FlashBwdBase:
         mSemaphore to reach this key block's turn, add, pass the turn on. lock, seen: the
         counter's address and its value where the caller read it already (under its dQ GEMM),
         else None: found and read here."""
-        cfg = self.cfg
-        vec = self.dq_vector
-        chunk = bwd_layouts.dq_accum_chunk(
-            dq_accum, 0 if cutlass.const_expr(self.varlen_q) else batch, head,
-            bwd_layouts.dq_block(m_block, batch, cfg.block_m, mCuSeqlensQ), cfg, vec)
+        chunk = self._dq_chunk(dq_accum, batch, head, m_block, mCuSeqlensQ)
         if cutlass.const_expr(self.deterministic):
             if cutlass.const_expr(lock is None):
-                lock = mSemaphore[batch, head, None].iterator + m_block
+                lock = self._dq_lock(mSemaphore, batch, head, m_block)
             self._wait_turn(lock, self._turn(m_block, n_block, blocks, seqlen), tid, seen)
             self._dq_sync()
         self._reduce_into(acc_dQ, chunk, tid)

@@ -322,7 +322,7 @@ class FlashBwdSm80(FlashBwdBase):
         # deterministic: the turn counter's first read flies under the dQ GEMM
         lock, seen = None, None
         if cutlass.const_expr(self.deterministic):
-            lock = mSemaphore[batch, rows.head, None].iterator + m_block
+            lock = self._dq_lock(mSemaphore, batch, rows.head, m_block)
             seen = cutlass.Int32(-1)
             if tidx == 0:
                 seen = cute.arch.load(lock, cutlass.Int32, sem="acquire", scope="gpu")

@@ -288,13 +288,10 @@ class FlashBwdSm90(FlashBwdBase):
         if cute.arch.lane_idx() == 0:
             for i in cutlass.range(steps, unroll=1):
                 head, m_block = self._step_place(i, blocks, head0, per_head)
-                chunk = bwd_layouts.dq_accum_chunk(
-                    mdQaccum, 0 if cutlass.const_expr(self.varlen_q) else batch, head,
-                    bwd_layouts.dq_block(m_block, batch, cfg.block_m, mCuSeqlensQ), cfg,
-                    self.dq_vector)
+                chunk = self._dq_chunk(mdQaccum, batch, head, m_block, mCuSeqlensQ)
                 cute.arch.mbarrier_wait(mbar + bars.dq_full, i % 2)
                 if cutlass.const_expr(self.deterministic):
-                    lock = mSemaphore[batch, head, None].iterator + m_block
+                    lock = self._dq_lock(mSemaphore, batch, head, m_block)
                     self._wait_turn(lock, self._turn(m_block, n_block, blocks, seqlen), 0)
                     # the reductions (async proxy) after the acquire (generic proxy)
                     cute.arch.fence_proxy("async.global")
@@ -338,11 +335,8 @@ class FlashBwdSm90(FlashBwdBase):
         bulk copy (async proxy)."""
         if i > 0:
             cute.arch.mbarrier_wait(mbar + self.bars.dq_empty, (i - 1) % 2)
-        vec = self.dq_vector
-        n = cute.size(acc_dQ) // vec
-        mine = cute.make_tensor(sdQ_chunk[None, tid].iterator,
-                                cute.make_layout((vec, n), stride=(1, self.cfg.num_threads * vec)))
-        cute.autovec_copy(cute.make_tensor(acc_dQ.iterator, cute.make_layout((vec, n))), mine)
+        mine = cute.flatten(sdQ_chunk[None, tid])  # (vec, runs): this thread's runs of floats
+        cute.autovec_copy(cute.make_tensor(acc_dQ.iterator, cute.make_layout(mine.shape)), mine)
         cute.arch.fence_view_async_shared()
         cute.arch.mbarrier_arrive(mbar + self.bars.dq_full)
 
