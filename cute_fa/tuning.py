@@ -545,13 +545,12 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 
 
 # the Hopper backward (kernels/bwd/sm90.py): head_dim class -> (block_m, consumers, q_stages,
-# ctas_per_sm[, split_d, dq_writer]). A/B on the H200 (bf16, docs/perf/2026-12-02-h200-bwd-sm90
+# ctas_per_sm[, split_d, dq_writer, atom_cols]). A/B on the H200 (bf16, docs/perf/2026-12-02-h200-bwd-sm90
 # and -d64, docs/perf/2026-12-03-h200-bwd-dq-writer):
 # - dq_writer (dQ through shared memory, added by warp 2 in one bulk reduction) at head_dim 64
 #   and 128: deterministic ran 1.20x-1.50x the consumers' own ordered reductions (its turn
 #   waits leave the consumers' path: deterministic / default from 0.65-0.75 to 0.79-1.01);
-#   default 1.02x-1.09x at head_dim 64, 0.985x-1.03x at 128. Past 128 its float32 block does
-#   not fit beside split_d's 215 KB. Under a softcap at head_dim 128 (BWD_SM90_SOFTCAP_TILES)
+#   default 1.02x-1.09x at head_dim 64, 0.985x-1.03x at 128 (192: below). Under a softcap at head_dim 128 (BWD_SM90_SOFTCAP_TILES)
 #   it spills 164 bytes stored and 208 loaded, past BWD_SM90_SPILL_BUDGET: the softcap keeps
 #   the consumers' reductions there, default and deterministic.
 # - head_dim 128: a third Q/dO stage ran -2% to +14% (causal S = 4k) against two.
@@ -564,7 +563,10 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 #   warpgroup of 128 queries at one CTA per SM 0.89x-0.99x.
 # - deterministic at head_dim 64 keeps the 128-key tile (BWD_SM90_DETERMINISTIC_TILES): the
 #   64-key tile doubles the key blocks that take turns on each dQ block, and ran 0.87x (causal
-#   S = 4k) and 0.67x (S = 16k) of it; with the dQ writer on both, 0.79x-0.96x of it.
+#   S = 4k) and 0.67x (S = 16k) of it; with the dQ writer on both, 0.79x-0.96x of it. Under
+#   the writer a third stage of the 128-key tile ran within -0.1% to +1.5% of two, and 64 keys
+#   in two warpgroups (two or three stages) 0.71x-0.81x of the default, against 0.79x-0.95x
+#   (docs/perf/2026-12-03-h200-bwd-192).
 # Each consumer thread holds dK and dV of its 64 keys (64 float32 registers each at head_dim
 # 128) beside S^T and dP^T; ptxas fits that in setmaxnreg's 240 with at most
 # BWD_SM90_SPILL_BUDGET bytes of spill stores or loads (0 without a softcap; the softcap's
@@ -574,17 +576,18 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 # stored and 368 loaded (S^T and dP^T of 128 queries, 64 registers each, beside 1 - tanh^2); 64
 # queries spill 84.
 # - head_dim 192 and 256: dK and dV of 64 keys over all of d (128 float32 registers each at
-#   256) do not fit a thread, so the two warpgroups split d (`WgmmaBwdTileConfig.split_d`,
-#   head_dim padded to 256 either way; two stages of Q and dO fill 215 KB of shared memory).
-#   It ran 1.53x-1.80x the mma.sync backward at head_dim 256 and 1.05x-1.13x at 192 (padded
-#   to 256) on every shape measured (docs/perf/2026-12-02-h200-bwd-split-d).
+#   256) do not fit a thread, so the two warpgroups split d (`WgmmaBwdTileConfig.split_d`; two
+#   stages of Q and dO). At 256 it ran 1.53x-1.80x the mma.sync backward
+#   (docs/perf/2026-12-02-h200-bwd-split-d); there its 215 KB of shared memory leave no room
+#   for the dQ writer's block.
+# - head_dim 192 (the class of 136-192) runs unpadded on 64-byte swizzle atoms (atom_cols=32:
+#   each warpgroup's 96 columns three atoms) with the dQ writer, in 210 KB: 1.36x-1.50x the
+#   tile that padded 192 to 256, deterministic 1.39x-1.67x; unpadded without the writer
+#   1.21x-1.26x, a third stage within -1.5% to +1.3% of two (docs/perf/2026-12-03-h200-bwd-192).
+#   ptxas is told one CTA per SM (.minnctapersm 1): without it, C7508 (setmaxnreg ignored,
+#   the register count at entry unknown) and 580 bytes of spills.
 BWD_SM90_TILES = {64: (64, 1, 2, 2, False, True), 128: (64, 2, 3, 1, False, True),
-                  192: (64, 2, 2, 1, True), 256: (64, 2, 2, 1, True)}
-# Awaiting the H200: head_dim 192 unpadded on 64-byte swizzle atoms (each warpgroup's 96
-# columns three atoms; 162 KB of shared memory, no spills or serialized wgmmas on sm_90a with
-# .minnctapersm 1) against the shipped tile, which pads 192 to 256 (a third more work). Compiled
-# by the CPU tests; 'auto' does not take it before an A/B in one process says it wins.
-BWD_SM90_CANDIDATE_TILES = {192: (64, 2, 2, 1, True, False, 32)}
+                  192: (64, 2, 2, 1, True, True, 32), 256: (64, 2, 2, 1, True)}
 BWD_SM90_SOFTCAP_TILES = {128: (64, 2, 3, 1)}
 BWD_SM90_DETERMINISTIC_TILES = {64: (128, 2, 2, 1, False, True)}
 BWD_SM90_DETERMINISTIC_SOFTCAP_TILES = {64: (64, 2, 2, 1, False, True)}
@@ -627,7 +630,8 @@ def bwd_backend(arch: str, dtype: str, head_dim: int, backend: str = "auto") -> 
     """'sm80' or 'sm90': the backward kernel a call runs. 'auto' takes the wgmma kernel on
     sm90 for the head_dim classes of BWD_SM90_AUTO (all of them): on the H200 it ran 1.2x-1.6x
     the mma.sync kernel on every shape measured up to head_dim 128, default and deterministic
-    (docs/perf/2026-12-02-h200-bwd-sm90), and 1.05x-1.8x at 192 and 256 (-split-d)."""
+    (docs/perf/2026-12-02-h200-bwd-sm90), and 1.05x-1.8x at 192 and 256 (-split-d; 192 ran
+    1.36x-1.50x faster again on 64-byte atoms with the dQ writer, -2026-12-03-h200-bwd-192)."""
     check_bwd_backend(backend)
     if backend == "sm90":
         if Arch.of_name(arch).major != 9:

@@ -32,7 +32,8 @@ GRID = [
     (3, 1, 77, 2, 2, 128),
     (1, 1100, 1100, 8, 1, 128),
 ]
-# head_dim past 128: the split-d tile (`WgmmaBwdTileConfig.split_d`), 160 and 192 padded to 256
+# head_dim past 128: the split-d tile (`WgmmaBwdTileConfig.split_d`), 136-192 on 64-byte atoms
+# (160 padded to 192), 256
 SPLIT_D_GRID = [
     (1, 257, 257, 2, 2, 256),
     (2, 200, 333, 4, 1, 192),
@@ -40,6 +41,9 @@ SPLIT_D_GRID = [
     (3, 1, 77, 2, 2, 256),
     (1, 700, 700, 4, 4, 160),
     (1, 1100, 1100, 4, 1, 256),
+    (1, 333, 200, 4, 2, 176),
+    (1, 300, 300, 2, 2, 136),
+    (1, 1100, 1100, 4, 1, 192),
 ]
 
 
@@ -90,8 +94,9 @@ def test_split_d_gradients_grid(shape, causal, dtype):
 @pytest.mark.parametrize("kw", [dict(window_size=(40, 0)), dict(softcap=50.0),
                                 dict(window_size=(30, 30), softcap=5.0)],
                          ids=["window_causal", "softcap", "window_softcap"])
-def test_split_d_window_softcap(kw):
-    q, k, v, dout = _inputs((2, 300, 260, 4, 2, 256), torch.bfloat16, 12)
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_split_d_window_softcap(kw, head_dim):
+    q, k, v, dout = _inputs((2, 300, 260, 4, 2, head_dim), torch.bfloat16, 12)
     check_grads(_sm90_grads(q, k, v, dout, causal=True, **kw), q, k, v, dout, causal=True, **kw)
 
 
@@ -132,8 +137,9 @@ def test_varlen_gradients(deterministic, window):
 
 @needs_sm90
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_split_d_varlen_gradients(deterministic):
-    _check_varlen(deterministic, (70, 0), head_dim=256)
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_split_d_varlen_gradients(deterministic, head_dim):
+    _check_varlen(deterministic, (70, 0), head_dim=head_dim)
 
 
 def _check_varlen(deterministic, window, head_dim=128):
@@ -165,7 +171,7 @@ def _check_varlen(deterministic, window, head_dim=128):
 @needs_sm90
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 8, 8, 128), (1, 2048, 2048, 32, 4, 64),
-                                   (1, 1500, 1500, 16, 4, 256)],
+                                   (1, 1500, 1500, 16, 4, 192), (1, 1500, 1500, 16, 4, 256)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_deterministic_is_bitwise_repeatable(causal, shape):
     """Three runs, bitwise equal; the second shape has more key blocks x heads than SMs."""

@@ -16,9 +16,8 @@ from cute_fa.compile.build import compile_kernel
 from cute_fa.compile.keys import BwdSm90Key
 from cute_fa.compile.ptxas import ptxas_resources
 from cute_fa.layouts.config import WgmmaBwdTileConfig
-from cute_fa.tuning import (BWD_SM90_CANDIDATE_TILES, BWD_SM90_SPILL_BUDGET, BWD_SM90_TILES,
-                            SMEM_BYTES, bwd_backend,
-                            bwd_keys, bwd_sm90_entry_tile, bwd_sm90_tile)
+from cute_fa.tuning import (BWD_SM90_SPILL_BUDGET, BWD_SM90_TILES, SMEM_BYTES, bwd_backend,
+                            bwd_keys, bwd_sm90_tile)
 
 ARCH = "sm_90a"
 
@@ -75,6 +74,12 @@ def test_shipped_tiles_compile(head_dim, dtype, causal):
     assert key.tile.smem_bytes() * key.tile.ctas_per_sm <= SMEM_BYTES[ARCH]
     ptx = _ptx(key)
     assert "ex2.approx" in ptx and "ld.acquire" not in ptx
+    if key.tile.atom_cols == 32:
+        # head_dim 192 on 64-byte atoms: told one CTA per SM, or ptxas cannot tell the
+        # register count at entry, ignores setmaxnreg (C7508) and spills
+        assert head_dim == 192 and key.tile.dq_writer and ".minnctapersm 1" in ptx
+        log = ptxas_resources(ptx, ARCH)["log"]
+        assert "C7508" not in log and "C7512" not in log
 
 
 SERIALIZED = ("ptxas serializes every wgmma of head_dim 64's two-consumer tiles (C7512; the "
@@ -117,51 +122,20 @@ def test_postprocess_reads_the_wgmma_order():
     assert ptxas_resources(ptx, ARCH)["spill_stores"] == 0
 
 
-@pytest.mark.parametrize("head_dim, padded", [
-    (40, 64), (64, 64), (96, 128), (128, 128), (136, 256), (160, 256), (192, 256), (200, 256),
-    (256, 256)])
-def test_head_dims_pad_to_whole_atoms(head_dim, padded):
-    """Each warpgroup's columns of dQ (and under split_d of dK and dV) are whole 64-element
-    swizzle atoms: past 128 the padded width is a multiple of 2 x 64. The dQ conversion and
-    the dK/dV stores walk the same rows."""
+@pytest.mark.parametrize("head_dim, padded, atom", [
+    (40, 64, 64), (64, 64, 64), (96, 128, 64), (128, 128, 64), (136, 192, 32), (160, 192, 32),
+    (192, 192, 32), (200, 256, 64), (256, 256, 64)])
+def test_head_dims_pad_to_whole_atoms(head_dim, padded, atom):
+    """Each warpgroup's columns of dQ (and under split_d of dK and dV) are whole swizzle atoms:
+    64 elements, or past 128 and up to 192 32 (64-byte rows), so that 192 runs unpadded, 96
+    columns per warpgroup; 200-256 pad to 2 x 64. The dQ conversion and the dK/dV stores walk
+    the same rows, on the same atom."""
     cfg = bwd_sm90_tile("bfloat16", head_dim)
     assert cfg.split_d == (head_dim > 128)
-    assert (cfg.head_dim_padded, cfg.smem_atom_cols) == (padded, 64)
-    for rows in (cfg.q_rows, cfg.kv_rows):
-        assert (rows.head_dim_padded, rows.smem_atom_cols) == (padded, 64)
-
-
-def _candidate_192(head_dim=192, dtype="bfloat16"):
-    return bwd_sm90_entry_tile(BWD_SM90_CANDIDATE_TILES[192], dtype, head_dim)
-
-
-@pytest.mark.parametrize("head_dim", [136, 160, 192])
-def test_candidate_192_runs_unpadded(head_dim):
-    """The candidate head_dim 192 tile (64-byte atoms) pads to 192: 96 columns per warpgroup,
-    three 32-element atoms; its rows' tiles take the same atom."""
-    cfg = _candidate_192(head_dim)
-    assert (cfg.head_dim_padded, cfg.smem_atom_cols, cfg.d_pad) == (192, 32, 64)
+    assert (cfg.head_dim_padded, cfg.smem_atom_cols) == (padded, atom)
     assert cfg.smem_bytes() <= SMEM_BYTES[ARCH]
     for rows in (cfg.q_rows, cfg.kv_rows):
-        assert (rows.head_dim_padded, rows.smem_atom_cols) == (192, 32)
-
-
-@pytest.mark.parametrize("feature, dtype", [(None, "bfloat16"), ("softcap", "float16"),
-                                            ("deterministic", "bfloat16"), ("varlen", "bfloat16")])
-def test_candidate_192_compiles(feature, dtype):
-    """The candidate tile on sm_90a within the spill budget (`_ptx`: the wgmma counts of
-    split_d at n = 96), with .minnctapersm 1, without which ptxas cannot tell the register
-    count at entry and ignores setmaxnreg (C7508); a sample of its features and dtypes, to
-    keep CI short."""
-    kw = {feature: True} if feature else {}
-    key = BwdSm90Key(arch=ARCH, causal=True, tile=_candidate_192(dtype=dtype),
-                     local=kw.get("local", False), softcap=kw.get("softcap", False),
-                     varlen_q=kw.get("varlen", False), varlen_k=kw.get("varlen", False),
-                     deterministic=kw.get("deterministic", False))
-    ptx = _ptx(key)
-    assert ".minnctapersm 1" in ptx
-    log = ptxas_resources(ptx, ARCH)["log"]
-    assert "C7508" not in log and "C7512" not in log
+        assert (rows.head_dim_padded, rows.smem_atom_cols) == (padded, atom)
 
 
 def test_atom_cols_errors():
@@ -224,12 +198,13 @@ def test_split_d_flag_is_a_bool():
         WgmmaBwdTileConfig(head_dim=128, dq_writer=1)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 192])
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_dq_writer_ships_up_to_128(head_dim, deterministic):
-    """head_dim 64 and 128 hand dQ to the writer warp, default and deterministic (the H200
-    A/B of docs/perf/2026-12-03-h200-bwd-dq-writer); its float32 block is block_m x
-    head_dim_padded x 4 bytes more shared memory, past 128 more than split_d has room for."""
+def test_dq_writer_ships_up_to_192(head_dim, deterministic):
+    """head_dim 64, 128 and 192 hand dQ to the writer warp, default and deterministic (the
+    H200 A/Bs of docs/perf/2026-12-03-h200-bwd-dq-writer and -192); its float32 block is
+    block_m x head_dim_padded x 4 bytes more shared memory, at 256 more than split_d has room
+    for."""
     cfg = bwd_sm90_tile("bfloat16", head_dim, deterministic=deterministic)
     assert cfg.dq_writer
     plain = dataclasses.replace(cfg, dq_writer=False)
