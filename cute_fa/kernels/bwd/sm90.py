@@ -363,8 +363,11 @@ class FlashBwdSm90(FlashBwdBase):
         mma_sdp = bwd_wgmma.tiled_mma_sdp(cfg)
         mma_dkv = bwd_wgmma.tiled_mma_dkv(cfg)
         mma_dq = bwd_wgmma.tiled_mma_dq(cfg)
-        # the descriptors are the warpgroup's: partition the operands by its first thread
-        wg_first = (ctidx // wgmma.WARPGROUP_THREADS) * wgmma.WARPGROUP_THREADS
+        # the descriptors are the warpgroup's: partition the operands by its first thread,
+        # known warp-uniform, so that ptxas builds them in uniform registers (without it, two
+        # R2UR moves and a 64-bit add per wgmma: 522 instead of 437 per query block at d128)
+        wg = cute.arch.make_warp_uniform(ctidx // wgmma.WARPGROUP_THREADS)
+        wg_first = wg * wgmma.WARPGROUP_THREADS
         wg_sdp, wg_dkv, wg_dq = (m.get_slice(wg_first) for m in (mma_sdp, mma_dkv, mma_dq))
         tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
         tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
