@@ -37,6 +37,8 @@ def _ptx(key) -> str:
     expected[str(bm // halves)] += 2 * dp // 16
     expected[str(dp // halves)] += 2 * bm // 16
     expected[str(dp // cfg.consumers)] += (bm // 64) * bn // 16  # dQ: block_m / 64 rows of atoms
+    if cfg.scores_ahead:
+        expected[str(bm // halves)] += dp // 16  # S^T traced twice: the first block's, ahead
     counts = Counter(gemms)
     assert counts == expected, counts
     assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::\w+\.global\.tile\.mbarrier", ptx)
@@ -138,6 +140,17 @@ def test_head_dims_pad_to_whole_atoms(head_dim, padded, atom):
         assert (rows.head_dim_padded, rows.smem_atom_cols) == (padded, atom)
 
 
+@pytest.mark.parametrize("head_dim, deterministic", [(128, False), (64, True)])
+def test_scores_ahead_compiles(head_dim, deterministic):
+    """scores_ahead (the next block's S^T issued behind dQ, not yet taken by a table) within
+    the spill budget and the wgmma counts of `_ptx`; ptxas keeps every wgmma asynchronous,
+    even in the head_dim 64 deterministic tile whose wgmmas it serializes without it."""
+    _, key, _ = bwd_keys(ARCH, "bfloat16", head_dim, True, deterministic=deterministic)
+    assert not key.tile.scores_ahead
+    ahead = dataclasses.replace(key, tile=dataclasses.replace(key.tile, scores_ahead=True))
+    assert "C7512" not in ptxas_resources(_ptx(ahead), ARCH)["log"]
+
+
 def test_atom_cols_errors():
     with pytest.raises(ValueError, match="atom_cols must be 32 or 64"):
         WgmmaBwdTileConfig(head_dim=192, split_d=True, atom_cols=16)
@@ -196,6 +209,8 @@ def test_split_d_flag_is_a_bool():
         WgmmaBwdTileConfig(head_dim=256, split_d=1)
     with pytest.raises(TypeError, match="dq_writer must be a bool"):
         WgmmaBwdTileConfig(head_dim=128, dq_writer=1)
+    with pytest.raises(TypeError, match="scores_ahead must be a bool"):
+        WgmmaBwdTileConfig(head_dim=128, scores_ahead="yes")
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 192])

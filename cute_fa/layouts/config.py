@@ -305,7 +305,10 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     atom_cols: the width of the swizzle atom of the Q, dO, K and V tiles, 64 elements
     (128-byte rows) or, under split_d only, 32 (64-byte rows). Each warpgroup's half of d must
     start on an atom of the MN-major operands dO^T, Q^T and K^T, so split_d pads head_dim to
-    2 x atom_cols: with 32, head_dim 192 runs unpadded (96 columns each) instead of as 256."""
+    2 x atom_cols: with 32, head_dim 192 runs unpadded (96 columns each) instead of as 256.
+    scores_ahead: each query block's S^T is issued before the previous block's dQ is waited
+    for (into the same registers, dead once dS is formed), so that it runs on the tensor cores
+    under the previous block's dQ store and barriers instead of after them."""
 
     head_dim: int = 128
     block_m: int = 64
@@ -316,11 +319,12 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     split_d: bool = False
     dq_writer: bool = False
     atom_cols: int = 64
+    scores_ahead: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         check_head_dim("head_dim", self.head_dim)
-        for name in ("split_d", "dq_writer"):
+        for name in ("split_d", "dq_writer", "scores_ahead"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.atom_cols not in (32, 64):

@@ -27,6 +27,10 @@ A consumer warpgroup's query block, in issue order:
     wait all; release the stage; dQ -> float32 reductions into dQaccum (under dq_writer:
     dQ -> shared memory, for the writer warp)
 
+Under scores_ahead (`WgmmaBwdTileConfig.scores_ahead`) the next query block's S^T is issued
+right behind dQ, into the S^T registers (dead once dS is formed), and "wait all" leaves it
+running: it computes under this block's release, dQ store and barrier.
+
 Under split_d (head_dim past 128, `WgmmaBwdTileConfig.split_d`) each warpgroup computes S^T
 and dP^T for its half of the queries and dV, dK, dQ for its half of d: P^T goes to shared
 memory (stmatrix) and the consumers meet before dV, as before dQ, since dV's and dK's sums
@@ -341,6 +345,13 @@ class FlashBwdSm90(FlashBwdBase):
         cute.arch.mbarrier_arrive(mbar + self.bars.dq_full)
 
     @cute.jit
+    def _issue_scores(self, mma_sdp, acc_S, tSrK, tSrQ, mbar, i):
+        """S^T = K Q^T of step i, issued once its Q stage has landed."""
+        stage, phase = ring.ring_slot(i, self.cfg.q_stages)
+        cute.arch.mbarrier_wait(mbar + self.bars.q_full + stage, phase)
+        gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], True)
+
+    @cute.jit
     def _consume(self, storage, grads: "Grads", scale_log2, softmax_scale, softcap_scale,
                  seqlen: SeqlenInfo, blocks: QueryBlocks, batch, head_kv, head0, n_block,
                  per_head, steps, mCuSeqlensQ, mCuSeqlensK, ctidx, share):
@@ -407,14 +418,17 @@ class FlashBwdSm90(FlashBwdBase):
         cols = place["col_offsets"]
         key0 = n_block * bn + place["row0"]
 
+        ahead = cfg.scores_ahead
+        acc_S = cute.make_rmem_tensor(shape_S, cutlass.Float32)
         if steps > 0:
             cute.arch.mbarrier_wait(mbar + bars.kv, 0)
+            if cutlass.const_expr(ahead):
+                self._issue_scores(mma_sdp, acc_S, tSrK, tSrQ, mbar, 0)
         for i in cutlass.range(steps, unroll=1):
             head, m_block = self._step_place(i, blocks, head0, per_head)
             stage, phase = ring.ring_slot(i, stages)
-            cute.arch.mbarrier_wait(mbar + bars.q_full + stage, phase)
-            acc_S = cute.make_rmem_tensor(shape_S, cutlass.Float32)
-            gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], True)
+            if cutlass.const_expr(not ahead):
+                self._issue_scores(mma_sdp, acc_S, tSrK, tSrQ, mbar, i)
             cute.arch.mbarrier_wait(mbar + bars.do_full + stage, phase)
             acc_dP = cute.make_rmem_tensor(shape_S, cutlass.Float32)
             gemm(mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, stage], True)
@@ -469,7 +483,15 @@ class FlashBwdSm90(FlashBwdBase):
                 self._consumer_sync()
             acc_dQ = cute.make_rmem_tensor(shape_dQ, cutlass.Float32)
             gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, True)
-            warpgroup.wait_group(0)
+            if cutlass.const_expr(ahead):
+                # the next block's S^T into acc_S (dead since dS), behind dK and dQ
+                if i + 1 < steps:
+                    self._issue_scores(mma_sdp, acc_S, tSrK, tSrQ, mbar, i + 1)
+                    warpgroup.wait_group(1)
+                else:
+                    warpgroup.wait_group(0)
+            else:
+                warpgroup.wait_group(0)
             self._release(mbar, stage)
             if cutlass.const_expr(cfg.dq_writer):
                 self._stage_dq(acc_dQ, sdQ_chunk, mbar, i, ctidx)
