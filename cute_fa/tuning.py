@@ -589,11 +589,9 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 #   the register count at entry unknown) and 580 bytes of spills.
 BWD_SM90_TILES = {64: (64, 1, 2, 2, False, True), 128: (64, 2, 3, 1, False, True),
                   192: (64, 2, 2, 1, True, True, 32), 256: (64, 2, 2, 1, True)}
-# Awaiting the H200: WgmmaBwdTileConfig.scores_ahead (an eighth entry field), the next query
-# block's S^T issued behind dQ. It compiles for every table's tile with no spills beyond the
-# budget, and ptxas then keeps head_dim 64's two-warpgroup tiles asynchronous (no C7512, which
-# serializes them without it); no table takes it before an A/B says it wins
-# (docs/perf/2026-12-03-h200-bwd-192/next/ holds the run, prepared).
+# Awaiting the H200: scores_ahead (the next block's S^T issued behind dQ) compiles for every
+# table's tile within the spill budget, and keeps head_dim 64's two-warpgroup tiles free of
+# C7512; no table takes it before an A/B (docs/perf/2026-12-03-h200-bwd-192/next) says it wins.
 BWD_SM90_SOFTCAP_TILES = {128: (64, 2, 3, 1)}
 BWD_SM90_DETERMINISTIC_TILES = {64: (128, 2, 2, 1, False, True)}
 BWD_SM90_DETERMINISTIC_SOFTCAP_TILES = {64: (64, 2, 2, 1, False, True)}

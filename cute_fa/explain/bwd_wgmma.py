@@ -10,6 +10,11 @@ thread's dS^T elements are written (stmatrix, through the S^T TiledMMA's C layou
 (key, query), and both consumer warpgroups' dQ wgmmas read the whole tile back as their A
 operand, each for its own half of dQ's columns.
 
+The split-d tile (`WgmmaBwdTileConfig.split_d`, head_dim past 128) splits the other way: its
+two warpgroups share 64 keys, S^T and dP^T split by queries, dV, dK and dQ by d. Its P^T goes
+through shared memory as dS^T does, and dV and dK read both back as SS-wgmma A operands, so
+there is no register A view (`tables` has no "Pt_A").
+
 Thread numbers are consumer thread indices, 0 ... num_threads - 1, as the kernel's `ctidx`:
 CTA thread = ctidx + 128 (warpgroup 0 is the producer).
 """
@@ -59,12 +64,15 @@ def _collect(cfg: WgmmaBwdTileConfig) -> dict:
         for t in range(cfg.num_threads):
             tScS = sdp.get_slice(t).partition_C(cS)
             tables["St"].append(_read.coordinates(tScS, 2))
-            tables["Pt_A"].append(_read.coordinates(cute.make_tensor(tScS.iterator, a_layout), 2))
+            if not cfg.split_d:  # split_d reads P^T and dS^T from shared memory (SS-wgmma)
+                tables["Pt_A"].append(_read.coordinates(cute.make_tensor(tScS.iterator,
+                                                                         a_layout), 2))
             tables["dKV"].append(_read.coordinates(dkv.get_slice(t).partition_C(cKV), 2))
             tables["dQ"].append(_read.coordinates(dq.get_slice(t).partition_C(cQ), 2))
-        out["tables"] = {k: np.stack(v) for k, v in tables.items()}
+        out["tables"] = {k: np.stack(v) for k, v in tables.items() if v}
         rS = cute.make_rmem_tensor(sdp.partition_shape_C((bn, bm)), cutlass.Float32)
-        out["a_registers"] = _read.indices(wgmma.acc_to_a_layout(rS.layout))
+        out["a_registers"] = (None if cfg.split_d else
+                              _read.indices(wgmma.acc_to_a_layout(rS.layout)))
         out["layouts"] = {"tiled_mma_sdp": str(sdp), "tiled_mma_dkv": str(dkv),
                           "tiled_mma_dq": str(dq), "St_partition": str(s_layout),
                           "Pt_view": str(a_layout),
@@ -93,11 +101,6 @@ class WgmmaBwdLayouts:
             cfg = bwd_sm90_tile("bfloat16", 128)
         if not isinstance(cfg, WgmmaBwdTileConfig):
             raise TypeError(f"cfg must be a WgmmaBwdTileConfig, got {type(cfg).__name__}")
-        if cfg.split_d:
-            # its P^T and dS^T are read from shared memory, not registers, and its warpgroups
-            # split the queries and d, not the keys: these tables would describe another kernel
-            raise ValueError("cfg must be a tile without split_d (head_dim up to 128): the "
-                             "split-d tile's fragments are not described yet")
         self.cfg = cfg
         data = _tables_for(cfg)
         self.tables = data["tables"]
@@ -113,9 +116,13 @@ class WgmmaBwdLayouts:
         if warp < 4:
             return _roles(self.cfg)[warp]
         g = warp // 4 - 1
+        d0, d1 = g * self.dq_columns, (g + 1) * self.dq_columns - 1
+        if self.cfg.split_d:
+            q = self.cfg.block_m // self.cfg.consumers
+            return (f"consumer warpgroup {g}: queries {g * q}-{(g + 1) * q - 1} of the step "
+                    f"(S^T, dP^T over all 64 keys), d columns {d0}-{d1} (dV, dK, dQ)")
         return (f"consumer warpgroup {g}: keys {64 * g}-{64 * g + 63} of the block "
-                f"(S^T, dP^T, dV, dK), dQ's columns "
-                f"{g * self.dq_columns}-{(g + 1) * self.dq_columns - 1}")
+                f"(S^T, dP^T, dV, dK), dQ's columns {d0}-{d1}")
 
     @property
     def dq_columns(self) -> int:
@@ -145,17 +152,30 @@ class WgmmaBwdLayouts:
         cfg = self.cfg
         s, kv, q = self.scores(tid), self.grads_kv(tid), self.grad_q(tid)
         g = tid // 128
+        if cfg.split_d:
+            operands = [
+                f"P^T and dS^T: its {len(s)} values of each go to shared memory at their own "
+                f"(key, query) (stmatrix); dV and dK read all {cfg.block_n} x {cfg.block_m} "
+                f"of both back, every warpgroup's queries, as their A operands (SS-wgmma)",
+                f"dK, dV: {len(kv)} registers each, keys {fmt_ranges(kv[:, 0])} x d "
+                f"{fmt_ranges(kv[:, 1])}",
+                f"dS: the dQ wgmmas of both warpgroups read all {cfg.block_m} x "
+                f"{cfg.block_n} of dS back"]
+        else:
+            operands = [
+                f"P^T and dS^T are the A operands of dV and dK as they are (no lane "
+                f"exchange): k-step s takes registers {fmt_ranges(self.a_registers[:8])} + 8 s",
+                f"dK, dV: {len(kv)} registers each, keys {fmt_ranges(kv[:, 0])} x d "
+                f"{fmt_ranges(kv[:, 1])}",
+                f"dS: its {len(s)} dS^T values go to shared memory at their own (key, query); "
+                f"the dQ wgmmas of both warpgroups read all {cfg.block_m} x {cfg.block_n} of "
+                f"dS back"]
         return "\n".join([
             f"consumer thread {tid} (CTA thread {tid + 128}), warpgroup {g}, warp "
             f"{tid // WARP_SIZE % 4} of it, lane {tid % WARP_SIZE}",
             f"S^T, dP^T, dS^T: {len(s)} registers each, keys {fmt_ranges(s[:, 0])} x queries "
             f"{fmt_ranges(s[:, 1])} of the {cfg.block_n} x {cfg.block_m} tile",
-            f"P^T and dS^T are the A operands of dV and dK as they are (no lane exchange): "
-            f"k-step s takes registers {fmt_ranges(self.a_registers[:8])} + 8 s",
-            f"dK, dV: {len(kv)} registers each, keys {fmt_ranges(kv[:, 0])} x d "
-            f"{fmt_ranges(kv[:, 1])}",
-            f"dS: its {len(s)} dS^T values go to shared memory at their own (key, query); the "
-            f"dQ wgmmas of both warpgroups read all {cfg.block_m} x {cfg.block_n} of dS back",
+            *operands,
             f"dQ: {len(q)} registers, queries {fmt_ranges(q[:, 0])} x d {fmt_ranges(q[:, 1])},"
             + (f" stored to the shared dQ block at floats {fmt_ranges(self.dq_sums(tid))} "
                f"(16-byte runs), which warp 2 adds into dQaccum" if cfg.dq_writer else
