@@ -551,9 +551,10 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 # - dq_writer (dQ through shared memory, added by warp 2 in one bulk reduction) at head_dim 64
 #   and 128: deterministic ran 1.20x-1.50x the consumers' own ordered reductions (its turn
 #   waits leave the consumers' path: deterministic / default from 0.65-0.75 to 0.79-1.01);
-#   default 1.02x-1.09x at head_dim 64, 0.985x-1.03x at 128 (192: below). Under a softcap at head_dim 128 (BWD_SM90_SOFTCAP_TILES)
-#   it spills 164 bytes stored and 208 loaded, past BWD_SM90_SPILL_BUDGET: the softcap keeps
-#   the consumers' reductions there, default and deterministic.
+#   default 1.02x-1.09x at head_dim 64, 0.985x-1.03x at 128 (192: below). Under a softcap at
+#   head_dim 128 (BWD_SM90_SOFTCAP_TILES) it spills 164 bytes stored and 208 loaded, past
+#   BWD_SM90_SPILL_BUDGET: the softcap keeps the consumers' reductions there, default and
+#   deterministic.
 # - head_dim 128: a third Q/dO stage ran -2% to +14% (causal S = 4k) against two.
 # - head_dim 64: two CTAs per SM of one consumer warpgroup and 64 keys each ran 1.07x-1.22x the
 #   one CTA of two warpgroups and 128 keys x 128 queries per step (every grid and GQA shape,

@@ -100,6 +100,7 @@ def test_p_is_the_a_operand_of_dv_in_place(layouts, tid):
     if cfg.split_d:
         # P^T and dS^T through shared memory, read back by SS-wgmma: no register A view
         assert "Pt_A" not in layouts.tables and layouts.a_registers is None
+        assert "Pt_view" not in layouts.layouts
         assert "SS-wgmma" in layouts.describe(tid)
         return
     a = layouts.tables["Pt_A"][tid].reshape(cfg.block_m // 16, 8, 2)
@@ -128,10 +129,10 @@ def test_roles_and_text(layouts):
         assert "warpgroup 1" in text and "keys 0, 8" in text and "queries 36..37" in text
     else:
         assert "keys 0-63" in layouts.role(4)
-    if consumers == 2 and not cfg.split_d:
-        assert "keys 64-127" in layouts.role(8)
-        text = layouts.describe(130)
-        assert "warpgroup 1" in text and "keys 64, 72" in text
+        if consumers == 2:
+            assert "keys 64-127" in layouts.role(8)
+            text = layouts.describe(130)
+            assert "warpgroup 1" in text and "keys 64, 72" in text
     with pytest.raises(ValueError, match="warp must be in"):
         layouts.role(4 * (consumers + 1))
     with pytest.raises(ValueError, match="tid must be in"):

@@ -13,7 +13,7 @@ operand, each for its own half of dQ's columns.
 The split-d tile (`WgmmaBwdTileConfig.split_d`, head_dim past 128) splits the other way: its
 two warpgroups share 64 keys, S^T and dP^T split by queries, dV, dK and dQ by d. Its P^T goes
 through shared memory as dS^T does, and dV and dK read both back as SS-wgmma A operands, so
-there is no register A view (`tables` has no "Pt_A").
+there is no register A view (no "Pt_A" table, no "Pt_view" layout).
 
 Thread numbers are consumer thread indices, 0 ... num_threads - 1, as the kernel's `ctidx`:
 CTA thread = ctidx + 128 (warpgroup 0 is the producer).
@@ -75,8 +75,9 @@ def _collect(cfg: WgmmaBwdTileConfig) -> dict:
                               _read.indices(wgmma.acc_to_a_layout(rS.layout)))
         out["layouts"] = {"tiled_mma_sdp": str(sdp), "tiled_mma_dkv": str(dkv),
                           "tiled_mma_dq": str(dq), "St_partition": str(s_layout),
-                          "Pt_view": str(a_layout),
                           "sdS": str(bwd_wgmma.smem_layout_ds(cfg))}
+        if not cfg.split_d:  # the register view dV and dK take P^T and dS^T through
+            out["layouts"]["Pt_view"] = str(a_layout)
         chunk = bwd.accum_chunk_layout(bm, dp, cfg.num_threads, bwd.dq_vector(ARCH))
         # index order (element, register run, thread): a row per thread, register order
         out["dq_offsets"] = _read.indices(chunk).reshape(cfg.num_threads, -1)
@@ -153,23 +154,22 @@ class WgmmaBwdLayouts:
         s, kv, q = self.scores(tid), self.grads_kv(tid), self.grad_q(tid)
         g = tid // 128
         if cfg.split_d:
-            operands = [
-                f"P^T and dS^T: its {len(s)} values of each go to shared memory at their own "
-                f"(key, query) (stmatrix); dV and dK read all {cfg.block_n} x {cfg.block_m} "
-                f"of both back, every warpgroup's queries, as their A operands (SS-wgmma)",
-                f"dK, dV: {len(kv)} registers each, keys {fmt_ranges(kv[:, 0])} x d "
-                f"{fmt_ranges(kv[:, 1])}",
-                f"dS: the dQ wgmmas of both warpgroups read all {cfg.block_m} x "
-                f"{cfg.block_n} of dS back"]
+            p_line = (f"P^T and dS^T: its {len(s)} values of each go to shared memory at their "
+                      f"own (key, query) (stmatrix); dV and dK read all {cfg.block_n} x "
+                      f"{cfg.block_m} of both back, every warpgroup's queries, as their A "
+                      f"operands (SS-wgmma)")
+            ds_line = "dS: the dQ wgmmas"
         else:
-            operands = [
-                f"P^T and dS^T are the A operands of dV and dK as they are (no lane "
-                f"exchange): k-step s takes registers {fmt_ranges(self.a_registers[:8])} + 8 s",
-                f"dK, dV: {len(kv)} registers each, keys {fmt_ranges(kv[:, 0])} x d "
-                f"{fmt_ranges(kv[:, 1])}",
-                f"dS: its {len(s)} dS^T values go to shared memory at their own (key, query); "
-                f"the dQ wgmmas of both warpgroups read all {cfg.block_m} x {cfg.block_n} of "
-                f"dS back"]
+            p_line = (f"P^T and dS^T are the A operands of dV and dK as they are (no lane "
+                      f"exchange): k-step s takes registers {fmt_ranges(self.a_registers[:8])}"
+                      f" + 8 s")
+            ds_line = (f"dS: its {len(s)} dS^T values go to shared memory at their own (key, "
+                       f"query); the dQ wgmmas")
+        operands = [
+            p_line,
+            f"dK, dV: {len(kv)} registers each, keys {fmt_ranges(kv[:, 0])} x d "
+            f"{fmt_ranges(kv[:, 1])}",
+            f"{ds_line} of both warpgroups read all {cfg.block_m} x {cfg.block_n} of dS back"]
         return "\n".join([
             f"consumer thread {tid} (CTA thread {tid + 128}), warpgroup {g}, warp "
             f"{tid // WARP_SIZE % 4} of it, lane {tid % WARP_SIZE}",
