@@ -545,7 +545,7 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 
 
 # the Hopper backward (kernels/bwd/sm90.py): head_dim class -> (block_m, consumers, q_stages,
-# ctas_per_sm[, split_d, dq_writer, atom_cols, scores_ahead]). A/B on the H200 (bf16,
+# ctas_per_sm[, split_d, dq_writer, atom_cols, dv_after_ds]). A/B on the H200 (bf16,
 # docs/perf/2026-12-02-h200-bwd-sm90 and -d64, docs/perf/2026-12-03-h200-bwd-dq-writer and
 # -192):
 # - dq_writer (dQ through shared memory, added by warp 2 in one bulk reduction) at head_dim 64
@@ -556,27 +556,24 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 #   BWD_SM90_SPILL_BUDGET: the softcap keeps the consumers' reductions there, default and
 #   deterministic.
 # - head_dim 128: a third Q/dO stage ran -2% to +14% (causal S = 4k) against two.
-# - head_dim 64: two CTAs per SM of one consumer warpgroup and 64 keys each ran 1.07x-1.22x the
-#   one CTA of two warpgroups and 128 keys x 128 queries per step (every grid and GQA shape,
-#   1.31x under a softcap). In the latter ptxas serializes every wgmma (C7512: dV's and dK's
-#   RS products of both warpgroups do not fit 240 registers beside S^T and dP^T), so S^T and
-#   dP^T never overlap; one warpgroup in half the register file (232) keeps them asynchronous,
-#   and the SM's second CTA hides each one's waits. A third stage ran within -6% to +1%; one
-#   warpgroup of 128 queries at one CTA per SM 0.89x-0.99x.
-# - deterministic at head_dim 64 keeps the 128-key tile (BWD_SM90_DETERMINISTIC_TILES): the
-#   64-key tile doubles the key blocks that take turns on each dQ block, and ran 0.87x (causal
-#   S = 4k) and 0.67x (S = 16k) of it; with the dQ writer on both, 0.79x-0.96x of it. Under
-#   the writer a third stage of the 128-key tile ran within -0.1% to +1.5% of two, and 64 keys
-#   in two warpgroups (two or three stages) 0.71x-0.81x of the default, against 0.79x-0.95x
-#   (docs/perf/2026-12-03-h200-bwd-192).
+# - head_dim 64: 128 keys x 128 queries per step in two warpgroups with dV issued after dS
+#   (dv_after_ds), default and deterministic, ran 1.02x-1.13x the 64 x 64 tile of one
+#   warpgroup at two CTAs per SM (every grid and GQA shape), deterministic 1.11x-1.15x the same
+#   tile with dV before dS (docs/perf/2026-12-03-h200-bwd-80). Issued before dS, dV's operands
+#   in flight beside S^T and dP^T of 128 queries made ptxas serialize every wgmma (C7512);
+#   80 queries in one warpgroup ran 0.97x-1.07x of 64 x 64. Under a softcap the 128-query tile
+#   spills past the budget: the softcap keeps 64 x 64 (BWD_SM90_SOFTCAP_TILES).
+# - deterministic at head_dim 128 takes 80-query blocks (dQ computed transposed, dV after dS):
+#   0.99x-1.05x the 64-query tile, fewer turns per dQ block; the default ran 0.95x-1.02x of
+#   its 64 (slower causal), and keeps it (docs/perf/2026-12-03-h200-bwd-80).
 # Each consumer thread holds dK and dV of its 64 keys (64 float32 registers each at head_dim
 # 128) beside S^T and dP^T; ptxas fits that in setmaxnreg's 240 with at most
 # BWD_SM90_SPILL_BUDGET bytes of spill stores or loads (0 without a softcap; the softcap's
 # 1 - tanh^2, 32 more live registers, costs up to 128 bytes stored and 160 loaded at head_dim
 # 128).
-# Under a softcap with the 128-key tile at head_dim 64, the 128-query step spills 276 bytes
-# stored and 368 loaded (S^T and dP^T of 128 queries, 64 registers each, beside 1 - tanh^2); 64
-# queries spill 84.
+# Under a softcap with the 128-key tile at head_dim 64, the 128-query step spills 424 bytes
+# stored and 568 loaded (S^T and dP^T of 128 queries, 64 registers each, beside 1 - tanh^2); 64
+# queries in two warpgroups spill 84.
 # - head_dim 192 and 256: dK and dV of 64 keys over all of d (128 float32 registers each at
 #   256) do not fit a thread, so the two warpgroups split d (`WgmmaBwdTileConfig.split_d`; two
 #   stages of Q and dO). At 256 it ran 1.53x-1.80x the mma.sync backward
@@ -588,13 +585,11 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 #   1.21x-1.26x, a third stage within -1.5% to +1.3% of two (docs/perf/2026-12-03-h200-bwd-192).
 #   ptxas is told one CTA per SM (.minnctapersm 1): without it, C7508 (setmaxnreg ignored,
 #   the register count at entry unknown) and 580 bytes of spills.
-BWD_SM90_TILES = {64: (64, 1, 2, 2, False, True), 128: (64, 2, 3, 1, False, True),
+BWD_SM90_TILES = {64: (128, 2, 2, 1, False, True, 64, True), 128: (64, 2, 3, 1, False, True),
                   192: (64, 2, 2, 1, True, True, 32), 256: (64, 2, 2, 1, True)}
-# Awaiting the H200: scores_ahead (the next block's S^T issued behind dQ) compiles for every
-# table's tile within the spill budget, and keeps head_dim 64's two-warpgroup tiles free of
-# C7512; no table takes it before an A/B (docs/perf/2026-12-03-h200-bwd-192/next) says it wins.
-BWD_SM90_SOFTCAP_TILES = {128: (64, 2, 3, 1)}
-BWD_SM90_DETERMINISTIC_TILES = {64: (128, 2, 2, 1, False, True)}
+BWD_SM90_SOFTCAP_TILES = {64: (64, 1, 2, 2, False, True), 128: (64, 2, 3, 1)}
+BWD_SM90_DETERMINISTIC_TILES = {64: (128, 2, 2, 1, False, True, 64, True),
+                                128: (80, 2, 2, 1, False, True, 64, True)}
 BWD_SM90_DETERMINISTIC_SOFTCAP_TILES = {64: (64, 2, 2, 1, False, True)}
 BWD_SM90_SPILL_BUDGET = 192
 BWD_SM90_AUTO = (64, 128, 192, 256)  # the head_dim classes 'auto' runs the wgmma backward on
@@ -627,7 +622,7 @@ def bwd_sm90_tile(dtype: str, head_dim: int, softcap: bool = False,
 
 def bwd_sm90_entry_tile(entry: tuple, dtype: str, head_dim: int) -> WgmmaBwdTileConfig:
     """The tile of an entry of the BWD_SM90_* tables, (block_m, consumers, q_stages,
-    ctas_per_sm[, split_d, dq_writer, atom_cols, scores_ahead]), at head_dim and dtype."""
+    ctas_per_sm[, split_d, dq_writer, atom_cols, dv_after_ds]), at head_dim and dtype."""
     return WgmmaBwdTileConfig(head_dim, *entry[:2], dtype, *entry[2:])
 
 

@@ -37,9 +37,9 @@ def _one_of_the_consumers(layouts, tid):
         pytest.skip(f"the tile has {layouts.cfg.num_threads} consumer threads")
 
 
-TILES = [bwd_sm90_tile("bfloat16", 128), bwd_sm90_tile("bfloat16", 64),
-         bwd_sm90_tile("bfloat16", 64, deterministic=True), bwd_sm90_tile("bfloat16", 192),
-         bwd_sm90_tile("bfloat16", 256)]
+TILES = [bwd_sm90_tile("bfloat16", 128), bwd_sm90_tile("bfloat16", 128, deterministic=True),
+         bwd_sm90_tile("bfloat16", 64), bwd_sm90_tile("bfloat16", 64, softcap=True),
+         bwd_sm90_tile("bfloat16", 192), bwd_sm90_tile("bfloat16", 256)]
 
 
 @pytest.fixture(scope="module", params=TILES,
@@ -82,9 +82,16 @@ def test_dk_dv_are_the_isa_fragment(layouts, tid):
 @pytest.mark.parametrize("tid", [0, 37, 128, 255])
 def test_dq_splits_the_columns_between_warpgroups(layouts, tid):
     """dQ (queries x d): warpgroup g of c takes columns g * d/c ...; block_m / 64 atoms along
-    M."""
+    M. A block_m off the multiples of 64 (80) computes dQ^T (d x queries): warpgroup g's atom
+    at d = 64 g, N = block_m, each (d, query) reported as (query, d)."""
     _one_of_the_consumers(layouts, tid)
     cfg = layouts.cfg
+    if cfg.block_m % 64:
+        assert cfg.dq_transposed and cfg.head_dim_padded == 64 * cfg.consumers
+        expected = _d_fragment(tid, cfg.block_m) + np.array([64 * (tid // 128), 0])
+        assert (layouts.grad_q(tid) == expected[:, ::-1]).all()
+        assert "dQ^T = K^T dS^T" in layouts.describe(tid)
+        return
     share = cfg.head_dim_padded // cfg.consumers
     one = _d_fragment(tid, share) + np.array([0, share * (tid // 128)])
     expected = np.concatenate([one + np.array([64 * m, 0]) for m in range(cfg.block_m // 64)])
@@ -113,6 +120,8 @@ def test_every_score_has_one_owner(layouts):
     cfg = layouts.cfg
     pairs = layouts.tables["St"].reshape(-1, 2)
     assert len({tuple(p) for p in pairs}) == cfg.block_n * cfg.block_m == len(pairs)
+    dq = layouts.tables["dQ"].reshape(-1, 2)  # and each (query, d) of dQ, transposed or not
+    assert len({tuple(p) for p in dq}) == cfg.block_m * cfg.head_dim_padded == len(dq)
 
 
 def test_roles_and_text(layouts):

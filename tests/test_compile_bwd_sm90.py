@@ -17,7 +17,7 @@ from cute_fa.compile.keys import BwdSm90Key
 from cute_fa.compile.ptxas import ptxas_resources
 from cute_fa.layouts.config import WgmmaBwdTileConfig
 from cute_fa.tuning import (BWD_SM90_SPILL_BUDGET, BWD_SM90_TILES, SMEM_BYTES, bwd_backend,
-                            bwd_keys, bwd_sm90_tile)
+                            bwd_keys, bwd_sm90_entry_tile, bwd_sm90_tile)
 
 ARCH = "sm_90a"
 
@@ -31,14 +31,17 @@ def _ptx(key) -> str:
     dp, bm, bn = cfg.head_dim_padded, cfg.block_m, cfg.block_n
     # per query block: S^T and dP^T (n = block_m, head_dim / 16 k-steps each), dV and dK
     # (n = head_dim, block_m / 16 each), dQ (n = head_dim / consumers, block_n / 16 per 64
-    # queries); split_d halves S^T's and dP^T's n (the queries) and dV's and dK's (d)
+    # queries); split_d halves S^T's and dP^T's n (the queries) and dV's and dK's (d); a
+    # block_m off the multiples of 64 computes dQ^T (n = block_m, block_n / 16: each
+    # warpgroup's 64 columns of d are its M)
     halves = cfg.consumers if cfg.split_d else 1
     expected = Counter()
     expected[str(bm // halves)] += 2 * dp // 16
     expected[str(dp // halves)] += 2 * bm // 16
-    expected[str(dp // cfg.consumers)] += (bm // 64) * bn // 16  # dQ: block_m / 64 rows of atoms
-    if cfg.scores_ahead:
-        expected[str(bm // halves)] += dp // 16  # S^T traced twice: the first block's, ahead
+    if bm % 64:
+        expected[str(bm)] += bn // 16
+    else:
+        expected[str(dp // cfg.consumers)] += (bm // 64) * bn // 16  # block_m / 64 atom rows
     counts = Counter(gemms)
     assert counts == expected, counts
     assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::\w+\.global\.tile\.mbarrier", ptx)
@@ -84,22 +87,22 @@ def test_shipped_tiles_compile(head_dim, dtype, causal):
         assert "C7508" not in log and "C7512" not in log
 
 
-SERIALIZED = ("ptxas serializes every wgmma of head_dim 64's two-consumer tiles (C7512; the "
-              "SASS waits after each HGMMA): docs/perf/2026-12-02-h200-bwd-gqa/README.md")
-
-
 @pytest.mark.parametrize("head_dim, deterministic", [
-    (64, False), (128, False), (128, True),
-    pytest.param(64, True, marks=pytest.mark.xfail(strict=True, reason=SERIALIZED))])
+    (64, False), (64, True), (128, False), (128, True)])
 def test_wgmmas_stay_asynchronous(head_dim, deterministic):
     """ptxas keeps the shipped tile's wgmmas asynchronous: no "wgmma.mma_async instructions are
     serialized due to insufficient register resources" (C7512), under which S^T and dP^T
-    cannot overlap, nor dS's arithmetic the dV GEMM. Deterministic at head_dim 64 keeps the
-    two-consumer tile, serialized (it measured faster there all the same): strict, so that a
-    fix fails this test until its mark goes."""
+    cannot overlap, nor dS's arithmetic the dV GEMM. Head_dim 64's 128 x 128 tile of two
+    warpgroups is asynchronous only with dV issued after dS (dv_after_ds); issued before, as
+    at head_dim 128, ptxas serializes it."""
     _, key, _ = bwd_keys(ARCH, "bfloat16", head_dim, True, deterministic=deterministic)
     ptx = compile_kernel(key, keep_ptx=True).__ptx__
     assert "C7512" not in ptxas_resources(ptx, ARCH)["log"]
+    if head_dim == 64:
+        assert key.tile.dv_after_ds and (key.tile.block_m, key.tile.block_n) == (128, 128)
+        early = dataclasses.replace(key, tile=dataclasses.replace(key.tile, dv_after_ds=False))
+        early_ptx = compile_kernel(early, keep_ptx=True).__ptx__
+        assert "C7512" in ptxas_resources(early_ptx, ARCH)["log"]
 
 
 @pytest.mark.parametrize("head_dim", sorted(BWD_SM90_TILES))
@@ -140,15 +143,26 @@ def test_head_dims_pad_to_whole_atoms(head_dim, padded, atom):
         assert (rows.head_dim_padded, rows.smem_atom_cols) == (padded, atom)
 
 
-@pytest.mark.parametrize("head_dim, deterministic", [(128, False), (64, True)])
-def test_scores_ahead_compiles(head_dim, deterministic):
-    """scores_ahead (the next block's S^T issued behind dQ, not yet taken by a table) within
-    the spill budget and the wgmma counts of `_ptx`; ptxas keeps every wgmma asynchronous,
-    even in the head_dim 64 deterministic tile whose wgmmas it serializes without it."""
-    _, key, _ = bwd_keys(ARCH, "bfloat16", head_dim, True, deterministic=deterministic)
-    assert not key.tile.scores_ahead
-    ahead = dataclasses.replace(key, tile=dataclasses.replace(key.tile, scores_ahead=True))
-    assert "C7512" not in ptxas_resources(_ptx(ahead), ARCH)["log"]
+@pytest.mark.parametrize("head_dim, entry, feature", [
+    (128, (80, 2, 2, 1, False, True, 64, True), None),
+    (128, (80, 2, 2, 1, False, True, 64, True), "deterministic"),
+    (128, (80, 2, 3, 1, False, False, 64, True), "local"), (64, (80, 1, 2, 2, False, True), None),
+    (64, (48, 1, 2, 2, False, True), "varlen")])
+def test_query_blocks_off_64_compute_dq_transposed(head_dim, entry, feature):
+    """A block_m that is not a multiple of 64 (wgmma's M) computes dQ^T = K^T dS^T: its
+    wgmmas (`_ptx`: n = block_m for dQ, block_n / 16 of them) within the spill budget, every
+    feature; the conversion of its sums (dQ^T's register order, put back by coordinates)
+    compiles too, its 16-byte stores by the first 128 threads (five passes of 80 rows). At
+    head_dim 128 only with dV after dS (`dv_after_ds`): without it ptxas serializes."""
+    kw = {feature: True} if feature else {}
+    _, key, post = bwd_keys(ARCH, "bfloat16", head_dim, feature != "local", **kw)
+    tile = bwd_sm90_entry_tile(entry, "bfloat16", head_dim)
+    assert tile.dq_transposed
+    ptx = _ptx(dataclasses.replace(key, tile=tile))
+    assert "C7512" not in ptxas_resources(ptx, ARCH)["log"]
+    post_ptx = compile_kernel(dataclasses.replace(post, tile=tile), keep_ptx=True).__ptx__
+    assert "st.global.v4" in post_ptx and "mma" not in post_ptx
+    assert tile.q_rows.num_threads == 128 and tile.block_m % tile.q_rows.copy_rows_per_pass == 0
 
 
 def test_atom_cols_errors():
@@ -178,6 +192,8 @@ def test_auto_and_its_limits():
     (dict(head_dim=256, consumers=1, split_d=True), "split_d splits d between two"),
     (dict(head_dim=256, split_d=True, block_m=48), "split_d halves block_m"),
     (dict(head_dim=256, split_d=True, dq_writer=True), "does not fit"),
+    (dict(head_dim=256, split_d=True, block_m=96), "computes dQ\\^T"),
+    (dict(head_dim=64, block_m=80), "head_dim_padded = 64 x consumers \\(128\\)"),
 ])
 def test_tile_config_errors(kwargs, match):
     base = dict(head_dim=128, block_m=64, consumers=2, dtype="bfloat16", q_stages=2)
@@ -209,8 +225,23 @@ def test_split_d_flag_is_a_bool():
         WgmmaBwdTileConfig(head_dim=256, split_d=1)
     with pytest.raises(TypeError, match="dq_writer must be a bool"):
         WgmmaBwdTileConfig(head_dim=128, dq_writer=1)
-    with pytest.raises(TypeError, match="scores_ahead must be a bool"):
-        WgmmaBwdTileConfig(head_dim=128, scores_ahead="yes")
+    with pytest.raises(TypeError, match="dv_after_ds must be a bool"):
+        WgmmaBwdTileConfig(head_dim=128, dv_after_ds="late")
+    with pytest.raises(ValueError, match="split_d tiles read P\\^T from shared memory"):
+        WgmmaBwdTileConfig(head_dim=256, split_d=True, dv_after_ds=True)
+
+
+def test_softcap_at_64_keeps_the_one_warpgroup_tile():
+    """Under a softcap head_dim 64 keeps 64 x 64 in one warpgroup (BWD_SM90_SOFTCAP_TILES):
+    the default 128 x 128 tile spills past the budget there (S^T and dP^T of 128 queries
+    beside 1 - tanh^2), as `_ptx` would fail it."""
+    plain, capped = (bwd_sm90_tile("bfloat16", 64, softcap=c) for c in (False, True))
+    assert (plain.block_m, plain.consumers) == (128, 2)
+    assert (capped.block_m, capped.consumers, capped.ctas_per_sm) == (64, 1, 2)
+    _, key, _ = bwd_keys(ARCH, "bfloat16", 64, True, softcap=True)
+    res = ptxas_resources(compile_kernel(dataclasses.replace(key, tile=plain),
+                                         keep_ptx=True).__ptx__, ARCH)
+    assert res["spill_stores"] > BWD_SM90_SPILL_BUDGET
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 192])

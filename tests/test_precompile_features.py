@@ -100,3 +100,15 @@ def test_backward_calls_use_only_precompiled_kernels(recorded):
     assert any(getattr(k, "varlen_q", False) for k in asked)
     assert asked <= keys, asked - keys
     assert not asked & without
+
+
+def test_every_backward_key_has_a_progress_line():
+    """`precompile --backward` reports each kernel as it compiles (`describe`): the row kernels'
+    tiles (D = rowsum(dO * O), dQ's conversion) have rows but no key block."""
+    from cute_fa.api.precompile import describe
+    from cute_fa.tuning import bwd_keys
+
+    prep, main, post = bwd_keys("sm_90a", "bfloat16", 128, True)
+    assert describe(prep) == f"bwd_pre sm_90a bfloat16 head_dim 128 {prep.tile.block_m} rows"
+    assert f"{main.tile.block_m}x{main.tile.block_n}" in describe(main)
+    assert "bwd_sm90" in describe(main) and describe(post)

@@ -206,7 +206,10 @@ def describe(key) -> str:
     tile = getattr(key, "tile", None)
     parts = [key.backend, key.arch]
     if tile is not None:
-        parts += [tile.dtype, f"head_dim {tile.head_dim}", f"{tile.block_m}x{tile.block_n}"]
+        # the backward's row kernels (D = rowsum(dO * O), dQ's conversion) tile rows only
+        size = (f"{tile.block_m}x{tile.block_n}" if hasattr(tile, "block_n")
+                else f"{tile.block_m} rows")
+        parts += [tile.dtype, f"head_dim {tile.head_dim}", size]
     else:
         parts += [f"{key.in_dtype}->{key.out_dtype}", f"head_dim {key.head_dim}"]
     flags = [name for name in ("causal", "local", "softcap", "varlen_q", "varlen_k", "split_kv",

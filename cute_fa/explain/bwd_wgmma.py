@@ -8,7 +8,9 @@ of each), its P^T and dS^T A operands of dV and dK (the accumulator seen through
 (query, d) accumulator elements, and the warp roles. dS goes through shared memory once: each
 thread's dS^T elements are written (stmatrix, through the S^T TiledMMA's C layout) at their own
 (key, query), and both consumer warpgroups' dQ wgmmas read the whole tile back as their A
-operand, each for its own half of dQ's columns.
+operand, each for its own half of dQ's columns (a tile whose block_m is not a multiple of 64
+computes dQ^T = K^T dS^T instead, d on wgmma's M, and reads dS as the B operand; `grad_q` still
+gives (query, d)).
 
 The split-d tile (`WgmmaBwdTileConfig.split_d`, head_dim past 128) splits the other way: its
 two warpgroups share 64 keys, S^T and dP^T split by queries, dV, dK and dQ by d. Its P^T goes
@@ -57,7 +59,7 @@ def _collect(cfg: WgmmaBwdTileConfig) -> dict:
                         bwd_wgmma.tiled_mma_dq(cfg))
         cS = cute.make_identity_tensor((bn, bm))
         cKV = cute.make_identity_tensor((bn, dp))
-        cQ = cute.make_identity_tensor((bm, dp))
+        cQ = cute.make_identity_tensor(bwd_wgmma.dq_shape(cfg))
         s_layout = sdp.get_slice(0).partition_C(cS).layout
         a_layout = wgmma.acc_to_a_layout(s_layout)
         tables = {name: [] for name in ("St", "Pt_A", "dKV", "dQ")}
@@ -68,7 +70,9 @@ def _collect(cfg: WgmmaBwdTileConfig) -> dict:
                 tables["Pt_A"].append(_read.coordinates(cute.make_tensor(tScS.iterator,
                                                                          a_layout), 2))
             tables["dKV"].append(_read.coordinates(dkv.get_slice(t).partition_C(cKV), 2))
-            tables["dQ"].append(_read.coordinates(dq.get_slice(t).partition_C(cQ), 2))
+            dq_coords = _read.coordinates(dq.get_slice(t).partition_C(cQ), 2)
+            # dQ^T's rows are d: kept as (query, d), as every other tile's
+            tables["dQ"].append(dq_coords[:, ::-1] if cfg.dq_transposed else dq_coords)
         out["tables"] = {k: np.stack(v) for k, v in tables.items() if v}
         rS = cute.make_rmem_tensor(sdp.partition_shape_C((bn, bm)), cutlass.Float32)
         out["a_registers"] = (None if cfg.split_d else
@@ -169,7 +173,9 @@ class WgmmaBwdLayouts:
             p_line,
             f"dK, dV: {len(kv)} registers each, keys {fmt_ranges(kv[:, 0])} x d "
             f"{fmt_ranges(kv[:, 1])}",
-            f"{ds_line} of both warpgroups read all {cfg.block_m} x {cfg.block_n} of dS back"]
+            f"{ds_line} of both warpgroups read all {cfg.block_m} x {cfg.block_n} of dS back"
+            + (" (the B operand of dQ^T = K^T dS^T: block_m is not a multiple of 64)"
+               if cfg.dq_transposed else "")]
         return "\n".join([
             f"consumer thread {tid} (CTA thread {tid + 128}), warpgroup {g}, warp "
             f"{tid // WARP_SIZE % 4} of it, lane {tid % WARP_SIZE}",

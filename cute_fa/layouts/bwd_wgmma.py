@@ -14,6 +14,8 @@ there):
     dK  += dS^T Q     (keys x d)         RS: A = dS^T in registers; B = Q^T, MN-major
     dQ   = dS K       (queries x d)      SS: A = dS (query, key) from shared memory, MN-major
                                              (query contiguous); B = K^T (d, key), MN-major
+    (dQ^T = K^T dS^T  (d x queries)      SS: A = K^T, B = dS, both MN-major: where block_m
+                                             is not a multiple of 64, `tiled_mma_dq`)
 
 so P never leaves registers and dS goes through shared memory once: each warpgroup writes its
 64 keys' rows of dS^T there with stmatrix (row = key, 8 consecutive queries per 16 bytes),
@@ -80,13 +82,27 @@ def tiled_mma_dkv(cfg: WgmmaBwdTileConfig):
 
 def tiled_mma_dq(cfg: WgmmaBwdTileConfig):
     """dQ = dS K: SS-wgmma 64 x (head_dim_padded / consumers) x 16, the consumer warpgroups
-    side by side along N (d); A = dS MN-major (queries contiguous), B = K^T MN-major."""
+    side by side along N (d); A = dS MN-major (queries contiguous), B = K^T MN-major.
+    Under cfg.dq_transposed dQ^T = K^T dS^T: 64 x block_m x 16, the warpgroups stacked along
+    M (d, 64 columns each); A = K^T MN-major (d contiguous), B = dS^T (query, key) MN-major,
+    the same dS tile read as the other operand. Its C is (d, query): `dq_shape`."""
     cutlass, cute, sm90, _, dt = _dsl()
     MN = cute.nvgpu.OperandMajorMode.MN
+    if cfg.dq_transposed:
+        return sm90.make_trivial_tiled_mma(
+            dt(cfg.dtype), dt(cfg.dtype), MN, MN, cutlass.Float32,
+            atom_layout_mnk=(cfg.consumers, 1, 1), tiler_mn=(WGMMA_M, cfg.block_m))
     return sm90.make_trivial_tiled_mma(
         dt(cfg.dtype), dt(cfg.dtype), MN, MN, cutlass.Float32,
         atom_layout_mnk=(1, cfg.consumers, 1),
         tiler_mn=(WGMMA_M, cfg.head_dim_padded // cfg.consumers))
+
+
+def dq_shape(cfg: WgmmaBwdTileConfig) -> tuple:
+    """The (M, N) of `tiled_mma_dq`'s C: (block_m, head_dim_padded), or (head_dim_padded,
+    block_m) under cfg.dq_transposed (the rows of the product are d)."""
+    dp = cfg.head_dim_padded
+    return (dp, cfg.block_m) if cfg.dq_transposed else (cfg.block_m, dp)
 
 
 def smem_layout_ds(cfg: WgmmaBwdTileConfig):

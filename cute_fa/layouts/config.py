@@ -306,9 +306,15 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     (128-byte rows) or, under split_d only, 32 (64-byte rows). Each warpgroup's half of d must
     start on an atom of the MN-major operands dO^T, Q^T and K^T, so split_d pads head_dim to
     2 x atom_cols: with 32, head_dim 192 runs unpadded (96 columns each) instead of as 256.
-    scores_ahead: each query block's S^T is issued before the previous block's dQ is waited
-    for (into the same registers, dead once dS is formed), so that it runs on the tensor cores
-    under the previous block's dQ store and barriers instead of after them."""
+    block_m past the multiples of 64 (80: more work per query block for the same fixed costs
+    of a step, the barriers, waits and dQ's hand-over) cannot put dQ's queries on wgmma's M:
+    such a tile computes dQ transposed (`dq_transposed`).
+    dv_after_ds: dV += P^T dO is issued once dS is formed and stored, not before dS's
+    arithmetic (which it would run under). P^T's copy in the input dtype is converted in the
+    S^T registers either way; issued early, dV's in-flight operands sit beside S^T, dP^T, dK
+    and dV while dS is formed, and ptxas serializes every wgmma (C7512) where that is more
+    than the register file holds: 80 queries at head_dim 128, or 128 at 64 in two
+    warpgroups. Split-d tiles take P^T from shared memory: early only."""
 
     head_dim: int = 128
     block_m: int = 64
@@ -319,12 +325,12 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     split_d: bool = False
     dq_writer: bool = False
     atom_cols: int = 64
-    scores_ahead: bool = False
+    dv_after_ds: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         check_head_dim("head_dim", self.head_dim)
-        for name in ("split_d", "dq_writer", "scores_ahead"):
+        for name in ("split_d", "dq_writer", "dv_after_ds"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.atom_cols not in (32, 64):
@@ -356,6 +362,21 @@ class WgmmaBwdTileConfig(HeadDimTiling):
         if self.split_d and self.block_m % 32:
             raise ValueError(f"split_d halves block_m between the warpgroups' S^T (a multiple of "
                              f"16 each), got block_m={self.block_m}")
+        if self.dv_after_ds and self.split_d:
+            raise ValueError("dv_after_ds orders the register A operand of dV; split_d tiles "
+                             "read P^T from shared memory")
+        if self.dq_transposed and (self.split_d or self.head_dim_padded != 64 * self.consumers):
+            raise ValueError(f"block_m={bm}, not a multiple of 64, computes dQ^T with d on "
+                             f"wgmma's M, 64 columns per consumer warpgroup: it needs "
+                             f"head_dim_padded = 64 x consumers ({64 * self.consumers}) and no "
+                             f"split_d, got head_dim_padded={self.head_dim_padded}, "
+                             f"split_d={self.split_d}")
+
+    @property
+    def dq_transposed(self) -> bool:
+        """dQ is computed as dQ^T = K^T dS^T (d on wgmma's M, 64 per consumer warpgroup; the
+        queries on N) where block_m is not a multiple of 64, wgmma's M; else dQ = dS K."""
+        return self.block_m % 64 != 0
 
     @property
     def d_pad(self) -> int:
@@ -383,9 +404,12 @@ class WgmmaBwdTileConfig(HeadDimTiling):
 
     @property
     def q_rows(self) -> "RowTile":
-        """The query block's rows as dQ's conversion stores them."""
-        return RowTile(self.head_dim, self.block_m, self.num_threads, self.dtype,
-                       pad=self.d_pad, atom_cols=self.smem_atom_cols)
+        """The query block's rows as dQ's conversion stores them: by all the consumer threads,
+        or where block_m is not a multiple of 64 by the first 128 (80 rows are five passes of
+        their 16-byte stores; 256 threads would make two and a half)."""
+        threads = self.num_threads if self.block_m % 64 == 0 else 128
+        return RowTile(self.head_dim, self.block_m, threads, self.dtype, pad=self.d_pad,
+                       atom_cols=self.smem_atom_cols)
 
     @property
     def kv_rows(self) -> "RowTile":

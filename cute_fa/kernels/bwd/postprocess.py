@@ -40,8 +40,12 @@ class BwdPostprocess:
         self.varlen = key.varlen
         self.dq_vector = bwd_layouts.dq_vector(key.arch)
         # the main kernel's dQ TiledMMA, whose register order the sums are in
-        self.tiled_mma_dq = (bwd_wgmma.tiled_mma_dq if isinstance(key.tile, WgmmaBwdTileConfig)
-                             else bwd_layouts.tiled_mma_dq)
+        wgmma_tile = isinstance(key.tile, WgmmaBwdTileConfig)
+        self.tiled_mma_dq = bwd_wgmma.tiled_mma_dq if wgmma_tile else bwd_layouts.tiled_mma_dq
+        # dQ^T's sums (d on the TiledMMA's rows) are put back in (query, d) order by hand
+        self.transposed = wgmma_tile and key.tile.dq_transposed
+        dp = key.tile.head_dim_padded
+        self.dq_shape = bwd_wgmma.dq_shape(key.tile) if wgmma_tile else (key.tile.block_m, dp)
 
     @cute.jit
     def __call__(self, mdQaccum: cute.Tensor, mdQ: cute.Tensor, softmax_scale: cutlass.Float32,
@@ -72,8 +76,8 @@ class BwdPostprocess:
         seqlen = SeqlenInfo.of(batch, mdQ.shape[1], 0, mCuSeqlensQ)
         if m_block * bm < seqlen.seqlen_q:
             tiled_dq = self.tiled_mma_dq(cfg)
-            acc = cute.make_rmem_tensor(tiled_dq.get_slice(tidx).partition_shape_C((bm, dp)),
-                                        cutlass.Float32)
+            acc = cute.make_rmem_tensor(
+                tiled_dq.get_slice(tidx).partition_shape_C(self.dq_shape), cutlass.Float32)
             chunk = bwd_layouts.dq_accum_chunk(
                 mdQaccum, 0 if cutlass.const_expr(self.varlen) else batch, head,
                 bwd_layouts.dq_block(m_block, batch, bm, mCuSeqlensQ), cfg, self.dq_vector)
@@ -84,7 +88,26 @@ class BwdPostprocess:
             gdQ = cute.local_tile(seqlen.q_rows(mdQ, batch, head), (bm, dp), (m_block, 0))
             cdQ = cute.local_tile(cute.make_identity_tensor((seqlen.seqlen_q, cfg.head_dim)),
                                   (bm, dp), (m_block, 0))
-            epilogue.store_O(cfg.q_rows, acc, tiled_dq, sdQ, gdQ, cdQ, seqlen.seqlen_q, tidx)
+            if cutlass.const_expr(self.transposed):
+                self._stage_transposed(acc, tiled_dq, sdQ, tidx)
+                if tidx < cfg.q_rows.num_threads:
+                    epilogue.copy_out_O(cfg.q_rows, sdQ, gdQ, cdQ, seqlen.seqlen_q, tidx)
+            else:
+                epilogue.store_O(cfg.q_rows, acc, tiled_dq, sdQ, gdQ, cdQ, seqlen.seqlen_q,
+                                 tidx)
+
+    @cute.jit
+    def _stage_transposed(self, acc, tiled_dq, sdQ, tidx):
+        """dQ^T's accumulator (`layouts.bwd_wgmma.dq_shape`: (d, query)) into the (query, d)
+        tile sdQ, element by element at the coordinates its TiledMMA gives each register (no
+        stmatrix fits a transposed C); then the CTA's barrier."""
+        dtype = cutlass_dtype(self.cfg.dtype)
+        coords = tiled_dq.get_slice(tidx).partition_C(
+            cute.make_identity_tensor(bwd_wgmma.dq_shape(self.cfg)))
+        for i in cutlass.range(cute.size(acc), unroll_full=True):
+            d, q = coords[i]
+            sdQ[q, d] = acc[i].to(dtype)
+        cute.arch.barrier()
 
 
 class BwdKvPostprocess:

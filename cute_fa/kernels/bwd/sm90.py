@@ -22,14 +22,17 @@ A consumer warpgroup's query block, in issue order:
     wait S^T: softcap, mask, P^T = exp2(S^T * scale_log2 - LSE)
     dV += P^T dO                     RS-wgmma, issued (runs under dS's arithmetic)
     wait dP^T: dS^T = P^T (dP^T - D) (times 1 - tanh^2 under a softcap)
-    dS^T -> shared memory (stmatrix); dK += dS^T Q   RS-wgmma, issued
+    dS^T -> shared memory (stmatrix); under dv_after_ds dV is issued only here
+    dK += dS^T Q                     RS-wgmma, issued
     consumers' barrier (all of dS written); dQ = dS K   SS-wgmma, issued
     wait all; release the stage; dQ -> float32 reductions into dQaccum (under dq_writer:
     dQ -> shared memory, for the writer warp)
 
-Under scores_ahead (`WgmmaBwdTileConfig.scores_ahead`) the next query block's S^T is issued
-right behind dQ, into the S^T registers (dead once dS is formed), and "wait all" leaves it
-running: it computes under this block's release, dQ store and barrier.
+dv_after_ds (`WgmmaBwdTileConfig.dv_after_ds`) holds dV back until dS is stored: fewer wgmma
+operands in flight while dS is formed, which keeps ptxas from serializing the tiles of 128 or
+80 queries. Where block_m is not a multiple of 64 (80: `WgmmaBwdTileConfig.dq_transposed`) dQ's
+queries cannot sit on wgmma's M; the consumers then compute dQ^T = K^T dS^T, d on M, and add
+its sums in that product's register order (the postprocess reads them back by it).
 
 Under split_d (head_dim past 128, `WgmmaBwdTileConfig.split_d`) each warpgroup computes S^T
 and dP^T for its half of the queries and dV, dK, dQ for its half of d: P^T goes to shared
@@ -266,15 +269,20 @@ class FlashBwdSm90(FlashBwdBase):
             stage = self._wait_empty(mbar, i)
             lse = seqlen.lse_row(mLSE, batch, head)
             d = seqlen.lse_row(mD, batch, head)
-            for r in cutlass.range_constexpr(bm // 32):
+            for r in cutlass.range_constexpr(-(-bm // 32)):
                 row = m_block * bm + r * 32 + lane
                 value_lse = cutlass.Float32.inf
                 value_d = cutlass.Float32(0.0)
                 if row < seqlen.seqlen_q:
                     value_lse = lse[row]
                     value_d = d[row]
-                sLSE[stage * bm + r * 32 + lane] = value_lse
-                sD[stage * bm + r * 32 + lane] = value_d
+                if cutlass.const_expr(r < bm // 32):
+                    sLSE[stage * bm + r * 32 + lane] = value_lse
+                    sD[stage * bm + r * 32 + lane] = value_d
+                else:
+                    if r * 32 + lane < bm:  # the last, partial pass of a block_m like 80
+                        sLSE[stage * bm + r * 32 + lane] = value_lse
+                        sD[stage * bm + r * 32 + lane] = value_d
             cute.arch.mbarrier_arrive(mbar + bars.rows_full + stage)
 
     @cute.jit
@@ -345,11 +353,20 @@ class FlashBwdSm90(FlashBwdBase):
         cute.arch.mbarrier_arrive(mbar + self.bars.dq_full)
 
     @cute.jit
-    def _issue_scores(self, mma_sdp, acc_S, tSrK, tSrQ, mbar, i):
-        """S^T = K Q^T of step i, issued once its Q stage has landed."""
-        stage, phase = ring.ring_slot(i, self.cfg.q_stages)
-        cute.arch.mbarrier_wait(mbar + self.bars.q_full + stage, phase)
-        gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], True)
+    def _issue_dv(self, mma_dkv, acc_dV, rP, tdVrdOt, stage, r2s, thr_r2s, tPsP, tdVrPt):
+        """dV += P^T dO, issued: rP (P^T in the input dtype, in the S^T registers) as the
+        register A operand, or under split_d (tPsP, tdVrPt: P^T's stmatrix destination and SS
+        operand) through shared memory, once every consumer has written its queries' share
+        (dV's k runs over both warpgroups' queries)."""
+        if cutlass.const_expr(self.cfg.split_d):
+            cute.copy(r2s, thr_r2s.retile(rP), tPsP)
+            cute.arch.fence_view_async_shared()
+            self._consumer_sync()
+            gemm(mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, stage], False)
+        else:
+            gemm(mma_dkv, acc_dV,
+                 cute.make_tensor(rP.iterator, wgmma.acc_to_a_layout(rP.layout)),
+                 tdVrdOt[None, None, None, stage], False)
 
     @cute.jit
     def _consume(self, storage, grads: "Grads", scale_log2, softmax_scale, softcap_scale,
@@ -386,9 +403,16 @@ class FlashBwdSm90(FlashBwdBase):
         tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
         tdVrdOt = wg_dkv.make_fragment_B(wg_dkv.partition_B(wgmma.transposed(sdO)))
         tdKrQt = wg_dkv.make_fragment_B(wg_dkv.partition_B(wgmma.transposed(sQ)))
-        tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
-        tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(wgmma.transposed(sK)))
+        dq_t = cfg.dq_transposed
+        if cutlass.const_expr(dq_t):
+            # dQ^T = K^T dS^T: A = K^T (d, key), B = dS^T (query, key), both MN-major
+            tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(wgmma.transposed(sK)))
+            tdQrdSt = wg_dq.make_fragment_B(wg_dq.partition_B(sdS))
+        else:
+            tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
+            tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(wgmma.transposed(sK)))
         split_d = cfg.split_d
+        tdVrPt = tPsP = None  # split_d's P^T in shared memory
         if cutlass.const_expr(split_d):
             # dV's and dK's A operands: P^T and dS^T as the (key, query) views of the tiles
             sP = storage.sP.get_tensor(lds.outer, swizzle=lds.inner)
@@ -413,22 +437,19 @@ class FlashBwdSm90(FlashBwdBase):
         if cutlass.const_expr(split_d):
             tPsP = thr_r2s.partition_D(wgmma.transposed(sP))
         shape_S = thr_sdp.partition_shape_C((bn, bm))
-        shape_dQ = mma_dq.get_slice(ctidx).partition_shape_C((bm, dp))
+        shape_dQ = mma_dq.get_slice(ctidx).partition_shape_C(bwd_wgmma.dq_shape(cfg))
         rows = place["row_offsets"]
         cols = place["col_offsets"]
         key0 = n_block * bn + place["row0"]
 
-        ahead = cfg.scores_ahead
-        acc_S = cute.make_rmem_tensor(shape_S, cutlass.Float32)
         if steps > 0:
             cute.arch.mbarrier_wait(mbar + bars.kv, 0)
-            if cutlass.const_expr(ahead):
-                self._issue_scores(mma_sdp, acc_S, tSrK, tSrQ, mbar, 0)
         for i in cutlass.range(steps, unroll=1):
             head, m_block = self._step_place(i, blocks, head0, per_head)
             stage, phase = ring.ring_slot(i, stages)
-            if cutlass.const_expr(not ahead):
-                self._issue_scores(mma_sdp, acc_S, tSrK, tSrQ, mbar, i)
+            cute.arch.mbarrier_wait(mbar + bars.q_full + stage, phase)
+            acc_S = cute.make_rmem_tensor(shape_S, cutlass.Float32)
+            gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], True)
             cute.arch.mbarrier_wait(mbar + bars.do_full + stage, phase)
             acc_dP = cute.make_rmem_tensor(shape_S, cutlass.Float32)
             gemm(mma_sdp, acc_dP, tdPrV, tdPrdO[None, None, None, stage], True)
@@ -449,18 +470,13 @@ class FlashBwdSm90(FlashBwdBase):
                                                     fastmath=True)
             rP = cute.make_fragment_like(acc_S, dtype)
             rP.store(acc_S.load().to(dtype))
-            if cutlass.const_expr(split_d):
-                # dV's k runs over both warpgroups' queries: all of P^T in shared memory first
-                cute.copy(r2s, thr_r2s.retile(rP), tPsP)
-                cute.arch.fence_view_async_shared()
-                self._consumer_sync()
-                gemm(mma_dkv, acc_dV, tdVrPt, tdVrdOt[None, None, None, stage], False)
+            dv_late = cfg.dv_after_ds  # dV issued behind dS's stores, not under its arithmetic
+            if cutlass.const_expr(not dv_late):
+                self._issue_dv(mma_dkv, acc_dV, rP, tdVrdOt, stage, r2s, thr_r2s, tPsP,
+                               tdVrPt)
+                warpgroup.wait_group(1)  # dP^T (dV's group may still run)
             else:
-                gemm(mma_dkv, acc_dV,
-                     cute.make_tensor(rP.iterator, wgmma.acc_to_a_layout(rP.layout)),
-                     tdVrdOt[None, None, None, stage], False)
-
-            warpgroup.wait_group(1)  # dP^T (dV's group may still run)
+                warpgroup.wait_group(0)  # dP^T
             acc_dP_mn = cute.make_tensor(acc_dP.iterator, wgmma.acc_rowcol_layout(acc_dP.layout))
             for c in cutlass.range_constexpr(len(cols)):
                 d = sD[lse0 + cols[c]]
@@ -471,6 +487,8 @@ class FlashBwdSm90(FlashBwdBase):
             rdS = cute.make_fragment_like(acc_dP, dtype)
             rdS.store(acc_dP.load().to(dtype))
             cute.copy(r2s, thr_r2s.retile(rdS), tdSsdS)
+            if cutlass.const_expr(dv_late):
+                self._issue_dv(mma_dkv, acc_dV, rP, tdVrdOt, stage, r2s, thr_r2s, None, None)
             if cutlass.const_expr(split_d):
                 cute.arch.fence_view_async_shared()
                 self._consumer_sync()
@@ -482,16 +500,11 @@ class FlashBwdSm90(FlashBwdBase):
                 cute.arch.fence_view_async_shared()  # dS's generic-proxy writes, seen by wgmma
                 self._consumer_sync()
             acc_dQ = cute.make_rmem_tensor(shape_dQ, cutlass.Float32)
-            gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, True)
-            if cutlass.const_expr(ahead):
-                # the next block's S^T into acc_S (dead since dS), behind dK and dQ
-                if i + 1 < steps:
-                    self._issue_scores(mma_sdp, acc_S, tSrK, tSrQ, mbar, i + 1)
-                    warpgroup.wait_group(1)
-                else:
-                    warpgroup.wait_group(0)
+            if cutlass.const_expr(dq_t):
+                gemm(mma_dq, acc_dQ, tdQrKt, tdQrdSt, True)
             else:
-                warpgroup.wait_group(0)
+                gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, True)
+            warpgroup.wait_group(0)
             self._release(mbar, stage)
             if cutlass.const_expr(cfg.dq_writer):
                 self._stage_dq(acc_dQ, sdQ_chunk, mbar, i, ctidx)

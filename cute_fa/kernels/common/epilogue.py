@@ -36,7 +36,16 @@ def store_O(cfg: cutlass.Constexpr, acc_O: cute.Tensor, tiled_mma: cute.TiledMma
     barrier()
     cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
     barrier()
+    copy_out_O(cfg, sO, gO, cO, seqlen_q, tidx, row_shift)
 
+
+@cute.jit
+def copy_out_O(cfg: cutlass.Constexpr, sO: cute.Tensor, gO: cute.Tensor, cO: cute.Tensor,
+               seqlen_q, tidx, row_shift: cutlass.Constexpr = None):
+    """`store_O`'s second half: the O tile in shared memory (`smem.smem_layout_o`, every
+    thread's writes behind a barrier) -> 16-byte stores to gO, rows past seqlen_q and columns
+    past head_dim skipped."""
+    dtype = cutlass_dtype(cfg.dtype)
     s2g = copies.gmem_tiled_copy_o(cfg)
     thr_s2g = s2g.get_slice(tidx)
     tOsO = thr_s2g.partition_S(sO)
