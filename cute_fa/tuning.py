@@ -545,9 +545,9 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 
 
 # the Hopper backward (kernels/bwd/sm90.py): head_dim class -> (block_m, consumers, q_stages,
-# ctas_per_sm[, split_d, dq_writer, atom_cols, dv_after_ds]). A/B on the H200 (bf16,
-# docs/perf/2026-12-02-h200-bwd-sm90 and -d64, docs/perf/2026-12-03-h200-bwd-dq-writer and
-# -192):
+# ctas_per_sm[, split_d, dq_writer, atom_cols, dv_after_ds, dq_before_dk]). A/B on the H200
+# (bf16, docs/perf/2026-12-02-h200-bwd-sm90 and -d64, docs/perf/2026-12-03-h200-bwd-dq-writer,
+# -192 and -80):
 # - dq_writer (dQ through shared memory, added by warp 2 in one bulk reduction) at head_dim 64
 #   and 128: deterministic ran 1.20x-1.50x the consumers' own ordered reductions (its turn
 #   waits leave the consumers' path: deterministic / default from 0.65-0.75 to 0.79-1.01);
@@ -587,6 +587,9 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 #   the register count at entry unknown) and 580 bytes of spills.
 BWD_SM90_TILES = {64: (128, 2, 2, 1, False, True, 64, True), 128: (64, 2, 3, 1, False, True),
                   192: (64, 2, 2, 1, True, True, 32), 256: (64, 2, 2, 1, True)}
+# Awaiting the H200: dq_before_dk (dQ handed over under dK, as flash-attn-4 orders a step)
+# compiles for every non-split tile; no table takes it before docs/perf/2026-12-03-h200-bwd-80's
+# ab_order.py says it wins.
 BWD_SM90_SOFTCAP_TILES = {64: (64, 1, 2, 2, False, True), 128: (64, 2, 3, 1)}
 BWD_SM90_DETERMINISTIC_TILES = {64: (128, 2, 2, 1, False, True, 64, True),
                                 128: (80, 2, 2, 1, False, True, 64, True)}
@@ -622,7 +625,8 @@ def bwd_sm90_tile(dtype: str, head_dim: int, softcap: bool = False,
 
 def bwd_sm90_entry_tile(entry: tuple, dtype: str, head_dim: int) -> WgmmaBwdTileConfig:
     """The tile of an entry of the BWD_SM90_* tables, (block_m, consumers, q_stages,
-    ctas_per_sm[, split_d, dq_writer, atom_cols, dv_after_ds]), at head_dim and dtype."""
+    ctas_per_sm[, split_d, dq_writer, atom_cols, dv_after_ds, dq_before_dk]), at head_dim and
+    dtype."""
     return WgmmaBwdTileConfig(head_dim, *entry[:2], dtype, *entry[2:])
 
 

@@ -165,6 +165,19 @@ def test_query_blocks_off_64_compute_dq_transposed(head_dim, entry, feature):
     assert tile.q_rows.num_threads == 128 and tile.block_m % tile.q_rows.copy_rows_per_pass == 0
 
 
+@pytest.mark.parametrize("head_dim, deterministic, softcap", [
+    (128, False, False), (128, True, False), (128, False, True), (64, False, False)])
+def test_dq_before_dk_compiles(head_dim, deterministic, softcap):
+    """dq_before_dk (dQ issued before dK and handed over while dK runs) on each shipped tile
+    that can take it: the same wgmmas (`_ptx`) within the spill budget, all asynchronous, and
+    without a writer (the softcap's tile) its reductions still from registers."""
+    _, key, _ = bwd_keys(ARCH, "bfloat16", head_dim, True, deterministic=deterministic,
+                         softcap=softcap)
+    tile = dataclasses.replace(key.tile, dq_before_dk=True)
+    ptx = _ptx(dataclasses.replace(key, tile=tile))
+    assert "C7512" not in ptxas_resources(ptx, ARCH)["log"]
+
+
 def test_atom_cols_errors():
     with pytest.raises(ValueError, match="atom_cols must be 32 or 64"):
         WgmmaBwdTileConfig(head_dim=192, split_d=True, atom_cols=16)
@@ -227,8 +240,11 @@ def test_split_d_flag_is_a_bool():
         WgmmaBwdTileConfig(head_dim=128, dq_writer=1)
     with pytest.raises(TypeError, match="dv_after_ds must be a bool"):
         WgmmaBwdTileConfig(head_dim=128, dv_after_ds="late")
-    with pytest.raises(ValueError, match="split_d tiles read P\\^T from shared memory"):
-        WgmmaBwdTileConfig(head_dim=256, split_d=True, dv_after_ds=True)
+    with pytest.raises(TypeError, match="dq_before_dk must be a bool"):
+        WgmmaBwdTileConfig(head_dim=128, dq_before_dk=0)
+    for name in ("dv_after_ds", "dq_before_dk"):
+        with pytest.raises(ValueError, match=f"{name} orders the register A operands"):
+            WgmmaBwdTileConfig(head_dim=256, split_d=True, **{name: True})
 
 
 def test_softcap_at_64_keeps_the_one_warpgroup_tile():

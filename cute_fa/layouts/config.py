@@ -314,7 +314,10 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     S^T registers either way; issued early, dV's in-flight operands sit beside S^T, dP^T, dK
     and dV while dS is formed, and ptxas serializes every wgmma (C7512) where that is more
     than the register file holds: 80 queries at head_dim 128, or 128 at 64 in two
-    warpgroups. Split-d tiles take P^T from shared memory: early only."""
+    warpgroups. Split-d tiles take P^T from shared memory: early only.
+    dq_before_dk: dQ's product is issued before dK's, so that dQ is handed over (to the writer
+    warp, or added into dQaccum) while dK still runs, and the step's Q/dO stage is released
+    once dK is done; without it both are waited for first."""
 
     head_dim: int = 128
     block_m: int = 64
@@ -326,11 +329,12 @@ class WgmmaBwdTileConfig(HeadDimTiling):
     dq_writer: bool = False
     atom_cols: int = 64
     dv_after_ds: bool = False
+    dq_before_dk: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         check_head_dim("head_dim", self.head_dim)
-        for name in ("split_d", "dq_writer", "dv_after_ds"):
+        for name in ("split_d", "dq_writer", "dv_after_ds", "dq_before_dk"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.atom_cols not in (32, 64):
@@ -362,9 +366,10 @@ class WgmmaBwdTileConfig(HeadDimTiling):
         if self.split_d and self.block_m % 32:
             raise ValueError(f"split_d halves block_m between the warpgroups' S^T (a multiple of "
                              f"16 each), got block_m={self.block_m}")
-        if self.dv_after_ds and self.split_d:
-            raise ValueError("dv_after_ds orders the register A operand of dV; split_d tiles "
-                             "read P^T from shared memory")
+        for name in ("dv_after_ds", "dq_before_dk"):
+            if getattr(self, name) and self.split_d:
+                raise ValueError(f"{name} orders the register A operands of dV and dK; split_d "
+                                 f"tiles read P^T and dS^T from shared memory")
         if self.dq_transposed and (self.split_d or self.head_dim_padded != 64 * self.consumers):
             raise ValueError(f"block_m={bm}, not a multiple of 64, computes dQ^T with d on "
                              f"wgmma's M, 64 columns per consumer warpgroup: it needs "

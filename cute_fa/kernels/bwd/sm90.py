@@ -28,6 +28,8 @@ A consumer warpgroup's query block, in issue order:
     wait all; release the stage; dQ -> float32 reductions into dQaccum (under dq_writer:
     dQ -> shared memory, for the writer warp)
 
+dq_before_dk (`WgmmaBwdTileConfig.dq_before_dk`) issues dK after dQ instead (the barrier
+first), hands dQ over while dK runs and releases the stage once dK is done.
 dv_after_ds (`WgmmaBwdTileConfig.dv_after_ds`) holds dV back until dS is stored: fewer wgmma
 operands in flight while dS is formed, which keeps ptxas from serializing the tiles of 128 or
 80 queries. Where block_m is not a multiple of 64 (80: `WgmmaBwdTileConfig.dq_transposed`) dQ's
@@ -353,6 +355,17 @@ class FlashBwdSm90(FlashBwdBase):
         cute.arch.mbarrier_arrive(mbar + self.bars.dq_full)
 
     @cute.jit
+    def _hand_over_dq(self, acc_dQ, grads: "Grads", sdQ_chunk, mbar, i, head, m_block, n_block,
+                      blocks: QueryBlocks, seqlen: SeqlenInfo, batch, mCuSeqlensQ, ctidx):
+        """Step i's dQ: into shared memory for the writer warp (dq_writer), else added into
+        dQaccum from registers."""
+        if cutlass.const_expr(self.cfg.dq_writer):
+            self._stage_dq(acc_dQ, sdQ_chunk, mbar, i, ctidx)
+        else:
+            self._add_dq(acc_dQ, grads.dq_accum, head, m_block, n_block, blocks, seqlen,
+                         batch, mCuSeqlensQ, grads.semaphore, None, None, ctidx)
+
+    @cute.jit
     def _issue_dv(self, mma_dkv, acc_dV, rP, tdVrdOt, stage, r2s, thr_r2s, tPsP, tdVrPt):
         """dV += P^T dO, issued: rP (P^T in the input dtype, in the S^T registers) as the
         register A operand, or under split_d (tPsP, tdVrPt: P^T's stmatrix destination and SS
@@ -419,6 +432,7 @@ class FlashBwdSm90(FlashBwdBase):
             tdVrPt = wg_dkv.make_fragment_A(wg_dkv.partition_A(wgmma.transposed(sP)))
             tdKrdSt = wg_dkv.make_fragment_A(wg_dkv.partition_A(wgmma.transposed(sdS)))
 
+        sdQ_chunk = None
         if cutlass.const_expr(cfg.dq_writer):
             sdQ_chunk = storage.sdQ.get_tensor(bwd_layouts.accum_chunk_layout(
                 bm, dp, cfg.num_threads, self.dq_vector))
@@ -489,28 +503,37 @@ class FlashBwdSm90(FlashBwdBase):
             cute.copy(r2s, thr_r2s.retile(rdS), tdSsdS)
             if cutlass.const_expr(dv_late):
                 self._issue_dv(mma_dkv, acc_dV, rP, tdVrdOt, stage, r2s, thr_r2s, None, None)
+            tdKrdS = cute.make_tensor(rdS.iterator, wgmma.acc_to_a_layout(rdS.layout))
+            dq_first = cfg.dq_before_dk
             if cutlass.const_expr(split_d):
                 cute.arch.fence_view_async_shared()
                 self._consumer_sync()
                 gemm(mma_dkv, acc_dK, tdKrdSt, tdKrQt[None, None, None, stage], False)
-            else:
-                gemm(mma_dkv, acc_dK,
-                     cute.make_tensor(rdS.iterator, wgmma.acc_to_a_layout(rdS.layout)),
-                     tdKrQt[None, None, None, stage], False)
+            elif cutlass.const_expr(not dq_first):
+                gemm(mma_dkv, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], False)
                 cute.arch.fence_view_async_shared()  # dS's generic-proxy writes, seen by wgmma
+                self._consumer_sync()
+            else:
+                cute.arch.fence_view_async_shared()
                 self._consumer_sync()
             acc_dQ = cute.make_rmem_tensor(shape_dQ, cutlass.Float32)
             if cutlass.const_expr(dq_t):
                 gemm(mma_dq, acc_dQ, tdQrKt, tdQrdSt, True)
             else:
                 gemm(mma_dq, acc_dQ, tdQrdS, tdQrKt, True)
-            warpgroup.wait_group(0)
-            self._release(mbar, stage)
-            if cutlass.const_expr(cfg.dq_writer):
-                self._stage_dq(acc_dQ, sdQ_chunk, mbar, i, ctidx)
+            if cutlass.const_expr(dq_first):
+                # dK behind dQ: dQ's hand-over runs under dK, the stage is released after it
+                gemm(mma_dkv, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], False)
+                warpgroup.wait_group(1)
+                self._hand_over_dq(acc_dQ, grads, sdQ_chunk, mbar, i, head, m_block, n_block,
+                                   blocks, seqlen, batch, mCuSeqlensQ, ctidx)
+                warpgroup.wait_group(0)
+                self._release(mbar, stage)
             else:
-                self._add_dq(acc_dQ, grads.dq_accum, head, m_block, n_block, blocks, seqlen,
-                             batch, mCuSeqlensQ, grads.semaphore, None, None, ctidx)
+                warpgroup.wait_group(0)
+                self._release(mbar, stage)
+                self._hand_over_dq(acc_dQ, grads, sdQ_chunk, mbar, i, head, m_block, n_block,
+                                   blocks, seqlen, batch, mCuSeqlensQ, ctidx)
             self._consumer_sync()  # every warpgroup has read dS (and P) before a rewrite
 
         # dS was formed from scores S = Q K^T, the logits are S * softmax_scale
