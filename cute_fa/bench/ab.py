@@ -21,13 +21,12 @@ import os
 import time
 from dataclasses import dataclass
 
-from .backward import BACKWARD_WORK, autograd_pair
-from .common import flash_attn_4, flops, sdpa_peer, time_each, warm_gpu
+from .backward import BACKWARD_WORK, peer_pairs
+from .common import fastest_peer, flops, time_each, warm_gpu
 
 TABLES = ("BWD_SM90_TILES", "BWD_SM90_DETERMINISTIC_TILES", "BWD_SM90_SOFTCAP_TILES",
           "BWD_SM90_DETERMINISTIC_SOFTCAP_TILES")
 SOFTCAP = 30.0
-SDPA_PEERS = ("sdpa_default", "sdpa_flash", "sdpa_cudnn")
 
 
 @dataclass(frozen=True)
@@ -62,12 +61,6 @@ class Variant:
         if self.table not in TABLES:
             raise ValueError(f"table must be one of {TABLES}, got {self.table!r}")
         bwd_sm90_entry_tile(self.entry, "bfloat16", self.head_dim)  # a tile, or it raises
-
-
-def grid(group: str, head_dim: int, heads: int, seqlens=(1024, 4096, 16384)) -> list:
-    """16k tokens per batch at each seqlen, causal and not."""
-    return [Shape(group, 16384 // s, heads, heads, s, head_dim, c)
-            for c in (False, True) for s in seqlens]
 
 
 _BASE: dict = {}
@@ -166,7 +159,6 @@ def run(out_dir: str, shapes: list, variants: dict, reference: dict, *, peers=Fa
         pool.map(_warm, jobs, chunksize=1)
     print("warm", round(time.time() - start), flush=True)
     warm_gpu(torch)
-    fa4 = flash_attn_4() if peers else None
     rows = []
     for shape in shapes:
         mine = [n for n, v in variants.items() if v.group == shape.group]
@@ -176,13 +168,8 @@ def run(out_dir: str, shapes: list, variants: dict, reference: dict, *, peers=Fa
         if peers == "all" or (peers and (shape.seqlen in (4096, 8192)
                                          or shape.heads_q != shape.heads_kv)):
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-            for peer in SDPA_PEERS:
-                f = sdpa_peer(torch, peer)
-                fns[peer] = autograd_pair(torch, lambda f=f: f(*leaves, shape.causal), leaves,
-                                          do)[0]
-            if fa4 is not None:
-                fns["flash_attn_4"] = autograd_pair(
-                    torch, lambda: fa4[0](*leaves, causal=shape.causal), leaves, do)[0]
+            fns.update({peer: pair[0] for peer, pair in
+                        peer_pairs(torch, leaves, do, shape.causal).items()})  # backward only
         us, errors, outs = time_each(torch, fns, reps=reps, keep_outputs=True)
         again, _, _ = time_each(torch, dict(reversed(list(fns.items()))), reps=reps)
         us = {n: (min(u, again[n]) if u and again.get(n) else u) for n, u in us.items()}
@@ -195,8 +182,7 @@ def run(out_dir: str, shapes: list, variants: dict, reference: dict, *, peers=Fa
             if variants[n].deterministic:
                 first, second = fns[n](), fns[n]()
                 bitwise[n] = all(torch.equal(x, y) for x, y in zip(first, second))
-        timed = {n: u for n, u in us.items() if n not in variants and u}
-        fastest = min(timed, key=timed.get) if timed else None
+        fastest, fastest_us = fastest_peer(us)
         work = BACKWARD_WORK * flops(shape.batch, shape.heads_q, shape.seqlen, shape.head_dim,
                                      shape.causal)
         row = dict(shape=list(vars(shape).values()), us=us, errors=errors, diff_vs_ref=diff,
@@ -205,7 +191,7 @@ def run(out_dir: str, shapes: list, variants: dict, reference: dict, *, peers=Fa
                    fastest_peer=fastest,
                    speedup_vs_ref={n: round(us[ref] / us[n], 3) for n in mine
                                    if us.get(n) and us.get(ref)},
-                   vs_fastest={n: round(timed[fastest] / us[n], 3) for n in mine
+                   vs_fastest={n: round(fastest_us / us[n], 3) for n in mine
                                if fastest and us.get(n)})
         print(json.dumps(row), flush=True)
         rows.append(row)

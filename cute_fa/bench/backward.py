@@ -69,6 +69,14 @@ def methods(torch, q, k, v, dout, causal) -> dict:
         "cute_fa_det": (lambda: cute_fa.backward(dout, q, k, v, out, lse, causal,
                                                  deterministic=True), cute_step(True)),
     }
+    found.update(peer_pairs(torch, leaves, dout, causal))
+    return found
+
+
+def peer_pairs(torch, leaves, dout, causal) -> dict:
+    """peer -> `autograd_pair` of each of SDPA's backends and (where installed) flash-attn-4,
+    on leaves = (q, k, v) that require grad."""
+    found = {}
     for name in PEERS[:3]:
         found[name] = autograd_pair(torch, lambda f=sdpa_peer(torch, name): f(*leaves, causal),
                                     leaves, dout)

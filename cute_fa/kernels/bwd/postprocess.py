@@ -102,8 +102,7 @@ class BwdPostprocess:
         tile sdQ, element by element at the coordinates its TiledMMA gives each register (no
         stmatrix fits a transposed C); then the CTA's barrier."""
         dtype = cutlass_dtype(self.cfg.dtype)
-        coords = tiled_dq.get_slice(tidx).partition_C(
-            cute.make_identity_tensor(bwd_wgmma.dq_shape(self.cfg)))
+        coords = tiled_dq.get_slice(tidx).partition_C(cute.make_identity_tensor(self.dq_shape))
         for i in cutlass.range(cute.size(acc), unroll_full=True):
             d, q = coords[i]
             sdQ[q, d] = acc[i].to(dtype)
