@@ -546,8 +546,7 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 
 # the Hopper backward (kernels/bwd/sm90.py): head_dim class -> (block_m, consumers, q_stages,
 # ctas_per_sm[, split_d, dq_writer, atom_cols, dv_after_ds, dq_before_dk]). A/B on the H200
-# (bf16, docs/perf/2026-12-02-h200-bwd-sm90 and -d64, docs/perf/2026-12-03-h200-bwd-dq-writer,
-# -192 and -80):
+# (bf16, docs/perf/2026-12-02-h200-bwd-sm90, -d64, 2026-12-03-h200-bwd-dq-writer, -192, -80):
 # - dq_writer (dQ through shared memory, added by warp 2 in one bulk reduction) at head_dim 64
 #   and 128: deterministic ran 1.20x-1.50x the consumers' own ordered reductions (its turn
 #   waits leave the consumers' path: deterministic / default from 0.65-0.75 to 0.79-1.01);
@@ -585,14 +584,15 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 #   1.21x-1.26x, a third stage within -1.5% to +1.3% of two (docs/perf/2026-12-03-h200-bwd-192).
 #   ptxas is told one CTA per SM (.minnctapersm 1): without it, C7508 (setmaxnreg ignored,
 #   the register count at entry unknown) and 580 bytes of spills.
-BWD_SM90_TILES = {64: (128, 2, 2, 1, False, True, 64, True), 128: (64, 2, 3, 1, False, True),
-                  192: (64, 2, 2, 1, True, True, 32), 256: (64, 2, 2, 1, True)}
-# Awaiting the H200: dq_before_dk (dQ handed over under dK, as flash-attn-4 orders a step)
-# compiles for every non-split tile; no table takes it before docs/perf/2026-12-03-h200-bwd-80's
-# ab_order.py says it wins.
+# - dq_before_dk (dQ handed over under dK, flash-attn-4's order; -order): 64 1.008x-1.032x, its
+#   deterministic 1.010x-1.028x, 128 deterministic 1.018x-1.037x; the 128 default 0.977x-1.026x
+#   (2 stages or 80 queries: 0.973x-1.061x), its softcap 0.974x-1.062x: those keep their tiles.
+BWD_SM90_TILES = {64: (128, 2, 2, 1, False, True, 64, True, True),
+                  128: (64, 2, 3, 1, False, True), 192: (64, 2, 2, 1, True, True, 32),
+                  256: (64, 2, 2, 1, True)}
 BWD_SM90_SOFTCAP_TILES = {64: (64, 1, 2, 2, False, True), 128: (64, 2, 3, 1)}
-BWD_SM90_DETERMINISTIC_TILES = {64: (128, 2, 2, 1, False, True, 64, True),
-                                128: (80, 2, 2, 1, False, True, 64, True)}
+BWD_SM90_DETERMINISTIC_TILES = {64: (128, 2, 2, 1, False, True, 64, True, True),
+                                128: (80, 2, 2, 1, False, True, 64, True, True)}
 BWD_SM90_DETERMINISTIC_SOFTCAP_TILES = {64: (64, 2, 2, 1, False, True)}
 BWD_SM90_SPILL_BUDGET = 192
 BWD_SM90_AUTO = (64, 128, 192, 256)  # the head_dim classes 'auto' runs the wgmma backward on

@@ -1,7 +1,9 @@
 """A/B of WgmmaBwdTileConfig.dq_before_dk (dQ issued before dK, handed over while dK runs)
 against the shipped tiles, default, deterministic and (head_dim 128) under a softcap, whose
 tile has no writer (dQ's reductions from registers under dK), in one process
-(`cute_fa.bench.ab`). Usage: ab_order.py OUT [--peers]"""
+(`cute_fa.bench.ab`); at head_dim 128 also with two Q/dO stages (the stage is released after
+dK, earlier than without it) and on 80-query blocks (flash-attn-4's non-causal tile, which
+orders a step this way). Usage: ab_order.py OUT [--peers]"""
 import sys
 
 from cute_fa.bench.ab import Shape, Variant, run
@@ -15,6 +17,8 @@ FIRST = (64, False, True)  # atom_cols, dv_after_ds, dq_before_dk after the firs
 VARIANTS = {
     "d128": Variant("d128", 128, T, (64, 2, 3, 1, False, True)),
     "d128q": Variant("d128", 128, T, (64, 2, 3, 1, False, True) + FIRST),
+    "d128q2": Variant("d128", 128, T, (64, 2, 2, 1, False, True) + FIRST),
+    "d128_80q": Variant("d128", 128, T, (80, 2, 2, 1, False, True, 64, True, True)),
     "d128_det": Variant("d128", 128, DT, (80, 2, 2, 1, False, True, 64, True), True),
     "d128q_det": Variant("d128", 128, DT, (80, 2, 2, 1, False, True, 64, True, True), True),
     "d128_sc": Variant("d128", 128, ST, (64, 2, 3, 1), softcap=True),
