@@ -97,7 +97,8 @@ def resolve_backend(arch: str, backend: str, head_dim: int, causal: bool) -> str
 def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str = "auto",
                lazy_rescale: bool = True, tile_arch: str | None = None, *,
                local: bool = False, softcap: bool = False, varlen: bool = False,
-               small_grid: bool = False, seqlen_q: int | None = None):
+               small_grid: bool = False, seqlen_q: int | None = None,
+               persistent_sms: int = 0):
     """The KernelKey `forward` compiles and launches for this problem.
 
     local, softcap, varlen: a sliding window's lower edge, a softcap, a ragged batch
@@ -105,18 +106,17 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     but where FEATURE_TILES says otherwise. seqlen_q: the call's queries, where 'auto' depends
     on them (`AUTO_SHORT_CAUSAL`). small_grid: a causal call whose 128-row query blocks
     would not fill the GPU's SMs once (`is_small_grid`) takes SMALL_GRID_TILES' tile where the
-    arch and backend have one.
+    arch and backend have one. persistent_sms: the wgmma kernel's plain key is persistent on that
+    many CTAs (`sm90_persistent`'s calls; 0: not).
 
     tile_arch (default: `arch`; `runtime.plan.tiles_of` forces one) is the arch whose tables choose
     the tile, K/V stages, register cap and 'auto' backend, while the kernel is compiled for
     `arch`: run on an H200, sm_120a's tables give exactly the kernel an sm120 GPU gets, but
     for its target instruction set.
 
-    The TMA kernel's lazy rescale is on by default. On the H200 it is worth nothing
-    measurable (0.92x-1.10x, within run-to-run noise; docs/perf/README.md), but at head_dim
-    128 on sm_90a ptxas compiles the four lazy kernels (fp16/bf16, causal or not) without
-    spills, while the eager bf16 causal one spills 24 bytes. The eager kernel stays compiled
-    and benchmarked.
+    The TMA kernel's lazy rescale is on by default: on the H200 it measured within noise
+    (0.92x-1.10x, docs/perf/README.md), but on sm_90a at head_dim 128 ptxas compiles the lazy
+    kernels without spills, the eager bf16 causal one with 24 bytes (it stays benchmarked).
     """
     tiles = tile_arch or arch
     if backend == "auto":
@@ -127,8 +127,9 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     backend = resolve_backend(tiles, backend, head_dim, causal)
     _require_support(backend, arch)  # the forced arch may have TMA where this one has not
     features = dict(local=local, softcap=softcap, varlen_q=varlen, varlen_k=varlen, lpt=causal)
-    if backend == "sm90":  # its own tiles, no feature or small-grid tiles
-        return sm90_key(arch, dtype, head_dim, causal, **features)
+    if backend == "sm90":  # its own tiles, no feature or small-grid tiles; persistent if plain
+        persistent = 0 if local or softcap or varlen else persistent_sms
+        return sm90_key(arch, dtype, head_dim, causal, persistent=persistent, **features)
     cfg = tile_config(tiles, dtype, head_dim, causal, backend)
     cap = REGISTER_CAP_CTAS.get((tiles, backend, head_dim_class(head_dim), causal), 0)
     feature_tile = FEATURE_TILES.get((tiles, backend, head_dim_class(head_dim), causal,
@@ -180,6 +181,21 @@ SM90_OVERLAP = True
 # 128, S = 8k; 647 vs 637 at 192), off at 256, where a warpgroup's two GEMMs are long enough
 # to hide its softmax alone (643 vs 617 at S = 8k, 565 vs 512 at 1k).
 SM90_PINGPONG = {64: True, 128: True, 192: True, 256: False}
+
+
+# The wgmma kernel persistent (`Sm90Key.persistent`) at head_dim 128 for 1k-2k queries where the
+# tiles outnumber the SMs: 1.007x-1.085x the one-tile grid on all 10 such rows (H200, bf16, one
+# process, docs/perf/2026-12-03-h200-persistent); 0.958x-0.979x at S = 512, 0.967x-1.052x at
+# 4k-16k, 0.916x-1.059x at head_dim 64. head_dim class -> (shortest, longest) query count.
+SM90_PERSISTENT_SEQLEN = {128: (1024, 2048)}
+
+
+def sm90_persistent(head_dim: int, causal: bool, seqlen_q: int, heads_q: int, batch: int,
+                    num_sms: int) -> bool:
+    """Whether 'auto' runs a plain dense call's wgmma kernel persistent on num_sms CTAs."""
+    lo, hi = SM90_PERSISTENT_SEQLEN.get(head_dim_class(head_dim), (1, 0))
+    tiles = -(-seqlen_q // SM90_TILES[head_dim_class(head_dim), causal][0]) * heads_q * batch
+    return lo <= seqlen_q <= hi and tiles > num_sms
 
 
 def sm90_tile(dtype: str, head_dim: int, causal: bool) -> TileConfig:
@@ -545,48 +561,32 @@ def bwd_tile(arch: str, dtype: str, head_dim: int) -> BwdTileConfig:
 
 
 # the Hopper backward (kernels/bwd/sm90.py): head_dim class -> (block_m, consumers, q_stages,
-# ctas_per_sm[, split_d, dq_writer, atom_cols, dv_after_ds, dq_before_dk]). A/B on the H200
-# (bf16, docs/perf/2026-12-02-h200-bwd-sm90, -d64, 2026-12-03-h200-bwd-dq-writer, -192, -80):
-# - dq_writer (dQ through shared memory, added by warp 2 in one bulk reduction) at head_dim 64
-#   and 128: deterministic ran 1.20x-1.50x the consumers' own ordered reductions (its turn
-#   waits leave the consumers' path: deterministic / default from 0.65-0.75 to 0.79-1.01);
-#   default 1.02x-1.09x at head_dim 64, 0.985x-1.03x at 128 (192: below). Under a softcap at
-#   head_dim 128 (BWD_SM90_SOFTCAP_TILES) it spills 164 bytes stored and 208 loaded, past
-#   BWD_SM90_SPILL_BUDGET: the softcap keeps the consumers' reductions there, default and
-#   deterministic.
-# - head_dim 128: a third Q/dO stage ran -2% to +14% (causal S = 4k) against two.
-# - head_dim 64: 128 keys x 128 queries per step in two warpgroups with dV issued after dS
-#   (dv_after_ds), default and deterministic, ran 1.02x-1.13x the 64 x 64 tile of one
-#   warpgroup at two CTAs per SM (every grid and GQA shape), deterministic 1.11x-1.15x the same
-#   tile with dV before dS (docs/perf/2026-12-03-h200-bwd-80). Issued before dS, dV's operands
-#   in flight beside S^T and dP^T of 128 queries made ptxas serialize every wgmma (C7512);
-#   80 queries in one warpgroup ran 0.97x-1.07x of 64 x 64. Under a softcap the 128-query tile
-#   spills past the budget: the softcap keeps 64 x 64 (BWD_SM90_SOFTCAP_TILES).
-# - deterministic at head_dim 128 takes 80-query blocks (dQ computed transposed, dV after dS):
-#   0.99x-1.05x the 64-query tile, fewer turns per dQ block; the default ran 0.95x-1.02x of
-#   its 64 (slower causal), and keeps it (docs/perf/2026-12-03-h200-bwd-80).
-# Each consumer thread holds dK and dV of its 64 keys (64 float32 registers each at head_dim
-# 128) beside S^T and dP^T; ptxas fits that in setmaxnreg's 240 with at most
-# BWD_SM90_SPILL_BUDGET bytes of spill stores or loads (0 without a softcap; the softcap's
-# 1 - tanh^2, 32 more live registers, costs up to 128 bytes stored and 160 loaded at head_dim
-# 128).
-# Under a softcap with the 128-key tile at head_dim 64, the 128-query step spills 424 bytes
-# stored and 568 loaded (S^T and dP^T of 128 queries, 64 registers each, beside 1 - tanh^2); 64
-# queries in two warpgroups spill 84.
-# - head_dim 192 and 256: dK and dV of 64 keys over all of d (128 float32 registers each at
-#   256) do not fit a thread, so the two warpgroups split d (`WgmmaBwdTileConfig.split_d`; two
-#   stages of Q and dO). At 256 it ran 1.53x-1.80x the mma.sync backward
-#   (docs/perf/2026-12-02-h200-bwd-split-d); there its 215 KB of shared memory leave no room
-#   for the dQ writer's block.
-# - head_dim 192 (the class of 136-192) runs unpadded on 64-byte swizzle atoms (atom_cols=32:
-#   each warpgroup's 96 columns three atoms) with the dQ writer, in 210 KB: 1.36x-1.50x the
-#   tile that padded 192 to 256, deterministic 1.39x-1.67x; unpadded without the writer
-#   1.21x-1.26x, a third stage within -1.5% to +1.3% of two (docs/perf/2026-12-03-h200-bwd-192).
-#   ptxas is told one CTA per SM (.minnctapersm 1): without it, C7508 (setmaxnreg ignored,
-#   the register count at entry unknown) and 580 bytes of spills.
-# - dq_before_dk (dQ handed over under dK, flash-attn-4's order; -order): 64 1.008x-1.032x, its
-#   deterministic 1.010x-1.028x, 128 deterministic 1.018x-1.037x; the 128 default 0.977x-1.026x
-#   (2 stages or 80 queries: 0.973x-1.061x), its softcap 0.974x-1.062x: those keep their tiles.
+# ctas_per_sm[, split_d, dq_writer, atom_cols, dv_after_ds, dq_before_dk]). Same-process A/Bs
+# on the H200, bf16 (docs/perf/2026-12-02-h200-bwd-sm90, -d64, 2026-12-03-h200-bwd-dq-writer,
+# -192, -80, -order):
+# - dq_writer (warp 2 adds dQ from shared memory in one bulk reduction): deterministic
+#   1.20x-1.50x (its turn waits leave the consumers' path), default 1.02x-1.09x at 64,
+#   0.985x-1.03x at 128. A softcap at 128 spills with it (164 bytes stored, 208 loaded):
+#   BWD_SM90_SOFTCAP_TILES keep the consumers' own reductions there.
+# - head_dim 128: a third Q/dO stage -2% to +14% against two; deterministic on 80 queries
+#   (dQ transposed, dV after dS) 0.99x-1.05x the 64-query tile, fewer turns per dQ block;
+#   the default ran 0.95x-1.02x there (slower causal) and keeps 64.
+# - head_dim 64: 128 keys x 128 queries in two warpgroups with dV issued after dS
+#   (dv_after_ds) 1.02x-1.13x the 64 x 64 one-warpgroup tile, deterministic 1.11x-1.15x;
+#   issued before dS, ptxas serializes every wgmma (C7512). Under a softcap the 128-query
+#   step spills 424 bytes stored (S^T, dP^T and 1 - tanh^2): 64 x 64 there (84 bytes).
+# - dq_before_dk (flash-attn-4's order): 64 1.008x-1.032x, deterministic 1.010x-1.028x, 128
+#   deterministic 1.018x-1.037x; the 128 default (0.977x-1.026x; with 2 stages or 80 queries
+#   0.973x-1.061x) and its softcap (0.974x-1.062x) keep their order.
+# - A consumer thread holds dK and dV of its 64 keys (64 float32 registers each at 128)
+#   beside S^T and dP^T, within setmaxnreg's 240 and BWD_SM90_SPILL_BUDGET bytes of spills (0
+#   without a softcap; its 1 - tanh^2 costs up to 128 bytes stored and 160 loaded at 128).
+# - head_dim 192 and 256: dK and dV over all of d do not fit a thread, so the two warpgroups
+#   split d (`split_d`): 1.53x-1.80x the mma.sync backward at 256, whose 215 KB of shared
+#   memory leave no room for the writer. 192 (the class of 136-192) runs unpadded on 64-byte
+#   atoms (atom_cols=32: three per warpgroup's 96 columns) with the writer in 210 KB:
+#   1.36x-1.50x the tile padded to 256 (deterministic 1.39x-1.67x), told one CTA per SM
+#   (.minnctapersm 1; without it C7508, setmaxnreg ignored, and 580 bytes of spills).
 BWD_SM90_TILES = {64: (128, 2, 2, 1, False, True, 64, True, True),
                   128: (64, 2, 3, 1, False, True), 192: (64, 2, 2, 1, True, True, 32),
                   256: (64, 2, 2, 1, True)}

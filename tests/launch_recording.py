@@ -1,7 +1,7 @@
 """A stand-in for the compiler and the launch, shared by the CPU tests of what the public
 functions hand each kernel: the `launches` fixture records (key, arguments) of every launch
 instead of compiling and running, with a GPU of arch sm_90a and 132 SMs stood in for the CPU
-tensors' device; `named_arguments` names a launch's arguments by its backend's registered
+tensors' device (and a CPU tensor for a persistent wgmma kernel's tile counter); `named_arguments` names a launch's arguments by its backend's registered
 list."""
 
 import pytest
@@ -15,11 +15,13 @@ from cute_fa.runtime import device, plan, run
 @pytest.fixture
 def launches(monkeypatch):
     no_lse = torch.empty(1, 1, 1)
+    counter = torch.zeros(1, dtype=torch.int32)
     recorded = []
     monkeypatch.setattr(checks, "check_devices", lambda named, device_index: None)
     monkeypatch.setitem(device.DEVICES, -1, device.stand_in("sm_90a", 132))
     monkeypatch.setattr(plan, "get_kernel", lambda key: key)
     monkeypatch.setattr(run, "no_lse", lambda device_index: no_lse)
+    monkeypatch.setattr(run, "tile_counter", lambda device_index: counter)
     monkeypatch.setattr(run, "launch",
                         lambda device_index, kernel, args: recorded.append((kernel, args)))
     plan.clear_plans()

@@ -106,3 +106,39 @@ def test_auto_choice_on_hopper():
     assert backend(64, True, 1024, varlen=True, local=True) == "tma"
     assert kernel_key("sm_80", "bfloat16", 64, True, "auto", seqlen_q=100).backend == "sm80"
     assert kernel_key("sm_120a", "bfloat16", 128, True, "auto").backend == "sm80"
+
+
+@pytest.mark.parametrize("head_dim, causal", [(64, False), (64, True), (128, False),
+                                              (128, True)])
+def test_persistent_kernel_compiles(head_dim, causal):
+    """persistent (`PersistentTileScheduler`): the same checks, and its own barrier (q_empty)
+    and O tile (sO) within shared memory."""
+    from cute_fa.layouts.ring import PipelineBarriers
+
+    key = dataclasses.replace(kernel_key("sm_90a", "bfloat16", head_dim, causal, "sm90"),
+                              persistent=132)
+    _check(key)
+    bars = PipelineBarriers(key.kv_stages, q_empty=True)
+    assert bars.count == PipelineBarriers(key.kv_stages).count + 1 == bars.q_released + 1
+    cfg = key.tile
+    assert cfg.smem_bytes(key.kv_stages) + cfg.block_m * cfg.head_dim_padded * \
+        cfg.elem_bytes + 1024 <= SMEM_BYTES["sm_90a"]
+
+
+def test_persistent_refusals():
+    key = kernel_key("sm_90a", "bfloat16", 128, True, "sm90")
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="persistent must be 0 or a CTA count"):
+            dataclasses.replace(key, persistent=bad)
+    for change in (dict(varlen_q=True, varlen_k=True), dict(tma_store=False)):
+        with pytest.raises(ValueError, match="dense call"):
+            dataclasses.replace(key, persistent=132, **change)
+    from cute_fa.layouts.ring import PipelineBarriers
+    with pytest.raises(ValueError, match="no q_empty"):
+        PipelineBarriers(2).q_released
+    # head_dim 256: two K/V stages and Q fill the 227 KB, O has no room of its own
+    from cute_fa.kernels.fwd.sm90 import FlashFwdSm90
+    big = dataclasses.replace(kernel_key("sm_90a", "bfloat16", 256, True, "sm90"),
+                              persistent=132)
+    with pytest.raises(ValueError, match="stages O in its own tile"):
+        FlashFwdSm90(big)

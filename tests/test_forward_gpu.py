@@ -107,6 +107,67 @@ def _grid_case(shape, backend):
     assert torch.equal(o2, o), "repeat runs must be bitwise identical"
 
 
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype): more tiles than a
+# small persistent grid's CTAs, so that each CTA loops (its K/V ring, Q's two barriers and the
+# ping-pong's turns running on from tile to tile), over tiles of every kind: fully masked rows
+# (Sq > Sk, causal: tiles that visit no key block), three consumer warpgroups (head_dim 64,
+# not causal), a padded head_dim
+PERSISTENT_SHAPES = [
+    (2, 700, 700, 8, 2, 128, True, "bfloat16"),
+    (2, 700, 700, 8, 2, 128, False, "float16"),
+    (1, 1000, 17, 8, 8, 128, True, "bfloat16"),
+    (3, 333, 1000, 4, 1, 64, False, "bfloat16"),
+    (3, 333, 1000, 4, 1, 64, True, "float16"),
+    (1, 129, 130, 6, 2, 40, False, "float16"),
+]
+
+
+@pytest.mark.parametrize("ctas", [1, 5, 132])
+@pytest.mark.parametrize("shape", PERSISTENT_SHAPES, ids=lambda s: "b{}-q{}-k{}-h{}/{}-d{}-{}-{}"
+                         .format(*s[:6], "causal" if s[6] else "full", s[7]))
+def test_persistent_forward(shape, ctas):
+    """The persistent wgmma kernel (`Sm90Key.persistent`) on `ctas` CTAs: against the float64
+    reference, and bitwise equal to the one-CTA-per-tile kernel (a tile's arithmetic is the
+    same; only the CTA that runs it changes)."""
+    import cute_fa
+    from cute_fa.runtime.plan import overriding
+
+    b, sq, sk, hq, hk, d, causal, dtype = shape
+    gen = torch.Generator(device="cuda").manual_seed(sq * 7 + sk + d + ctas)
+    q = rand(b, sq, hq, d, dtype=dtype, gen=gen)
+    k = rand(b, sk, hk, d, dtype=dtype, gen=gen)
+    v = rand(b, sk, hk, d, dtype=dtype, gen=gen)
+    single, single_lse = cute_fa.forward(q, k, v, causal=causal, return_lse=True,
+                                         backend="sm90")
+    out = torch.full_like(q, float("nan"))
+    with overriding(persistent=ctas):
+        o, lse = cute_fa.forward(q, k, v, causal=causal, return_lse=True, out=out,
+                                 backend="sm90")
+    check_case(o, lse, q, k, v, causal=causal, causal_offset=sk - sq, scale=1 / math.sqrt(d))
+    assert torch.equal(o, single) and torch.equal(lse, single_lse)
+    # causal: the CTAs take tiles from the stream's counter, which each launch's last fetch
+    # puts back to zero; launches in a row must each see every tile
+    with overriding(persistent=ctas):
+        again = [cute_fa.forward(q, k, v, causal=causal, backend="sm90") for _ in range(3)]
+    assert all(torch.equal(a, single) for a in again)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_persistent_forward_window_softcap(head_dim):
+    """A sliding window and a softcap on the persistent kernel (3 CTAs), bitwise equal to the
+    one-CTA-per-tile kernel, whose features the other GPU tests check against references."""
+    import cute_fa
+    from cute_fa.runtime.plan import overriding
+
+    gen = torch.Generator(device="cuda").manual_seed(head_dim)
+    q, k, v = (rand(2, 900, 4, head_dim, dtype="bfloat16", gen=gen) for _ in range(3))
+    kwargs = dict(causal=True, window_size=(200, 0), softcap=20.0, backend="sm90")
+    single = cute_fa.forward(q, k, v, **kwargs)
+    with overriding(persistent=3):
+        o = cute_fa.forward(q, k, v, **kwargs)
+    assert torch.isfinite(o).all() and torch.equal(o, single)
+
+
 @pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "eager"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_tma_rescale_under_growing_max(causal, lazy):

@@ -78,3 +78,45 @@ def test_decode_split_then_merge(launches):
     assert merge_key.in_dtype == "float32" and merge_key.out_dtype == "bfloat16"
     assert merged["o_parts"].shape == (5, 2, 1, 8, 64)
     assert merged["out"] is user_out and merged["lse"] is held and merged["write_lse"] == 0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_tile_counter(launches, causal):
+    """A persistent wgmma kernel takes the stream's tile counter where its CTAs take tiles as
+    they finish (causal: tiles of unequal work), and none where they take them in turn."""
+    from cute_fa.runtime import run
+    from cute_fa.runtime.plan import overriding
+
+    recorded, _ = launches
+    q, k, v = qkv()
+    with overriding(persistent=132):
+        cute_fa.forward(q, k, v, causal=causal, backend="sm90")
+    (key, args), = recorded
+    assert key.persistent == 132 and key.dynamic_tiles == causal
+    _takes_exactly_what_its_key_uses(key, args)
+    named = _named(key, args)
+    assert (named["tile_counter"] is run.tile_counter(-1)) if causal else \
+        named["tile_counter"] is None
+
+
+@pytest.mark.parametrize("shape, kwargs, persistent", [
+    ((2, 1024, 16, 128), dict(causal=True), 132),  # 256 tiles of 1k queries
+    ((2, 2048, 16, 128), dict(causal=False), 132),
+    ((1, 1024, 8, 128), dict(causal=True), 0),  # 64 tiles: fewer than the SMs
+    ((2, 512, 32, 128), dict(causal=True), 0),  # 512 queries: slower persistent
+    ((2, 4096, 16, 128), dict(causal=True), 0),
+    ((2, 1024, 32, 64), dict(causal=False), 0),  # head_dim 64
+    ((2, 1024, 16, 128), dict(causal=True, window_size=(256, 0)), 0),  # not measured
+    ((2, 1024, 16, 128), dict(causal=True, softcap=30.0), 0),
+])
+def test_auto_persistent(launches, shape, kwargs, persistent):
+    """Where `tuning.sm90_persistent` runs the wgmma kernel persistent (on the stood-in GPU's
+    132 SMs), by a rule written out here: head_dim 128, 1024-2048 queries, more 128-row tiles
+    than SMs, no window and no softcap."""
+    recorded, _ = launches
+    b, s, h, d = shape
+    q = torch.randn(b, s, h, d, dtype=torch.bfloat16)
+    cute_fa.forward(q, q, q, backend="sm90", **kwargs)
+    (key, args), = recorded
+    assert key.persistent == persistent
+    _takes_exactly_what_its_key_uses(key, args)

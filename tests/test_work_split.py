@@ -68,3 +68,33 @@ def test_split_heuristic():
         splits = num_splits_heuristic(tiles, n_blocks, sms)
         assert 1 <= splits <= MAX_SPLITS
         assert splits == 1 or n_blocks // splits >= MIN_BLOCKS_PER_SPLIT
+
+
+def _launch_order(m_blocks, heads, batch, causal, lpt):
+    """(m_block, head, batch) of each CTA of SingleTileScheduler's grid, in the order the GPU
+    starts them (x fastest, then y, then z), written out from its grid and tile rules: without
+    lpt the grid is (query blocks, heads, batch) and under causal x counts query blocks from
+    the last; with lpt it is (heads, query blocks, batch), y from the last."""
+    out = []
+    if lpt:
+        for z, y, x in itertools.product(range(batch), range(m_blocks), range(heads)):
+            out.append((m_blocks - 1 - y, x, z))
+    else:
+        for z, y, x in itertools.product(range(batch), range(heads), range(m_blocks)):
+            out.append((m_blocks - 1 - x if causal else x, y, z))
+    return out
+
+
+@pytest.mark.parametrize("m_blocks, heads, batch", [(1, 1, 1), (5, 3, 2), (8, 16, 1), (3, 1, 4)])
+@pytest.mark.parametrize("causal, lpt", [(False, False), (True, False), (True, True)])
+def test_persistent_tiles_follow_the_launch_order(m_blocks, heads, batch, causal, lpt):
+    """The persistent scheduler's tile t is the t-th CTA the one-tile grid starts, and CTAs
+    c, c + ctas, ... of any grid of ctas cover every tile once."""
+    from cute_fa.kernels.sched.tile_scheduler import tile_coords
+
+    total = m_blocks * heads * batch
+    order = [tile_coords(t, m_blocks, heads, causal, lpt) for t in range(total)]
+    assert order == _launch_order(m_blocks, heads, batch, causal, lpt)
+    for ctas in (1, 7, 132, total):
+        visited = [order[t] for c in range(min(ctas, total)) for t in range(c, total, ctas)]
+        assert sorted(visited) == sorted(order) and len(set(visited)) == total

@@ -29,9 +29,10 @@ from ..tuning import (DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, PREFILL_ONLY, check_ba
                       supported_page_size)
 
 # query lengths and batch sizes of the prefill calls planned: a short and a long causal query
-# (`tuning.AUTO_SHORT_CAUSAL`, at most 2048), grids that fill no GPU and grids that fill any
-# (`tuning.is_small_grid`)
-PREFILL_SEQLENS = (DECODE_MAX_SEQLEN_Q + 1, 2049, 65536)
+# (`tuning.AUTO_SHORT_CAUSAL`, at most 2048), one that a wgmma kernel runs persistent on a grid
+# that fills the GPU (`tuning.SM90_PERSISTENT_SEQLEN`), grids that fill no GPU and grids that
+# fill any (`tuning.is_small_grid`)
+PREFILL_SEQLENS = (DECODE_MAX_SEQLEN_Q + 1, 1024, 2049, 65536)
 PREFILL_BATCHES = (1, 65535)
 # the decode calls' keys per entry: long enough that split-KV may split them
 DECODE_SEQLEN_K = 1 << 17
@@ -219,6 +220,8 @@ def describe(key) -> str:
         flags.append(f"pack_gqa={key.pack_gqa}")
     if getattr(key, "page_size", 0):
         flags.append(f"page_size={key.page_size}")
+    if getattr(key, "persistent", 0):
+        flags.append(f"persistent={key.persistent}")
     return " ".join(parts + flags)
 
 

@@ -87,13 +87,35 @@ class Sm90Key(KernelKey):
     round j - 1 together and runs the softmax of j under the P V; pingpong: the consumer
     warpgroups take turns issuing their wgmmas (named barriers), so one's softmax runs under
     another's GEMMs. tma_store: O leaves through shared memory by one TMA store (ragged
-    batches, whose tiles may run into the next entry's rows, store row by row instead)."""
+    batches, whose tiles may run into the next entry's rows, store row by row instead).
+    persistent > 0: a grid of at most that many CTAs (the GPU's SMs), each looping over tiles
+    (`kernels.sched.tile_scheduler.PersistentTileScheduler`), O staged in its own buffer so
+    that the next tile's Q lands under this tile's epilogue; 0: one CTA per tile. Tiles of
+    unequal work (causal, a window) are taken as CTAs finish (`dynamic_tiles`), equal ones in
+    turn."""
 
     kv_stages: int = 2
     intra_wg_overlap: bool = True
     pingpong: bool = True
     tma_store: bool = True
+    persistent: int = 0
     backend: ClassVar[str] = "sm90"
+
+    def __post_init__(self):
+        if isinstance(self.persistent, bool) or not isinstance(self.persistent, int) \
+                or self.persistent < 0:
+            raise ValueError(f"persistent must be 0 or a CTA count, got {self.persistent!r}")
+        if self.persistent and (self.varlen_q or self.varlen_k or not self.tma_store):
+            raise ValueError("persistent loops over the tiles of a dense call (one TMA store "
+                             "of O per tile): not with a ragged batch or tma_store=False")
+
+    @property
+    def dynamic_tiles(self) -> bool:
+        """A persistent CTA takes its next tile from a counter shared by the grid (the next in
+        line when it finishes, as the GPU hands a one-tile grid's CTAs out), not the one a
+        fixed stride gives it: under causal masking or a window the tiles' work differs, and
+        a fixed assignment leaves some CTAs far more of it than others."""
+        return bool(self.persistent) and (self.causal or self.local)
 
 
 @dataclass(frozen=True)

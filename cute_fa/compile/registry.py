@@ -54,6 +54,9 @@ _FORWARD = (("q", "qkvo"), ("k", "qkvo"), ("v", "qkvo"), ("out", "out"), ("lse",
             ("cu_seqlens_k", "int32_vector", ("varlen_k",)),
             ("max_seqlen_q", "int32", ("varlen_q",)))
 FORWARD_ARGUMENTS = _args(*_FORWARD)
+# the wgmma kernel's, then a persistent grid's shared tile counter (int32 (1,)) where its
+# CTAs take tiles as they finish (`Sm90Key.dynamic_tiles`)
+SM90_ARGUMENTS = _args(*_FORWARD, ("tile_counter", "int32_vector", ("dynamic_tiles",)))
 DECODE_ARGUMENTS = _args(*_FORWARD, ("seqused_k", "int32_vector", ("seqused_k",)),
                          ("page_table", "int32_matrix", ("page_size",)),
                          ("num_splits", "int32", ("split_kv",)))
@@ -127,7 +130,7 @@ REGISTRY = {b.name: b for b in (
     Backend("tma", "TMA + mbarrier K/V ring + ldmatrix + mma.sync, sm90 and newer", "fwd.tma",
             "FlashFwdTma", TmaKey, 9, FORWARD_ARGUMENTS),
     Backend("sm90", "warp-specialized TMA producer + wgmma consumers, Hopper (sm90) only",
-            "fwd.sm90", "FlashFwdSm90", Sm90Key, 9, FORWARD_ARGUMENTS, max_major=9),
+            "fwd.sm90", "FlashFwdSm90", Sm90Key, 9, SM90_ARGUMENTS, max_major=9),
 )}
 
 # every kernel cute_fa compiles: the forward backends, the merge and the backward's three

@@ -44,9 +44,13 @@ class PipelineBarriers:
     consumer warp is done reading; one arrival per consumer warp). K and V have their own
     "empty" so that the producer can refill a stage's K while its V is still being read (the
     intra-warpgroup overlap reads K one round ahead of V). Stage and phase of round i:
-    `ring_slot`, for both kinds; the producer waits for the "empty" of round i - stages."""
+    `ring_slot`, for both kinds; the producer waits for the "empty" of round i - stages.
+    q_empty (a persistent kernel's): one more, after them, on which every consumer warp
+    releases Q once its tile's wgmmas have read it, so that the producer loads the next
+    tile's; Q's two barriers then complete once per tile, phase (tile's index) % 2."""
 
     stages: int
+    q_empty: bool = False
     q = 0
     k_full = 1
 
@@ -63,5 +67,12 @@ class PipelineBarriers:
         return 1 + 3 * self.stages
 
     @property
-    def count(self) -> int:
+    def q_released(self) -> int:
+        """q_empty's index (only where it is one of the barriers)."""
+        if not self.q_empty:
+            raise ValueError("these barriers have no q_empty (not a persistent kernel's)")
         return 1 + 4 * self.stages
+
+    @property
+    def count(self) -> int:
+        return 1 + 4 * self.stages + int(self.q_empty)

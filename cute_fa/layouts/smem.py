@@ -71,7 +71,8 @@ def smem_layout(cfg: TileConfig, tensor: str):
     return builders[tensor](cfg)
 
 
-def shared_storage(cfg: TileConfig, stages: int = 0, barriers: int = 0):
+def shared_storage(cfg: TileConfig, stages: int = 0, barriers: int = 0,
+                   separate_o: bool = False):
     """The CTA's shared memory: one Q tile (reused for O) and one K and one V tile, or with
     `stages` a ring of K and V tiles and its mbarriers: one for Q; per stage one for K and one
     for V (the tile has landed) and one "empty" (every thread is done reading the stage).
@@ -79,6 +80,9 @@ def shared_storage(cfg: TileConfig, stages: int = 0, barriers: int = 0):
     1024-byte alignment keeps every swizzle atom on the bank pattern it was laid out for
     (TMA's 128-byte swizzle requires it). barriers: the mbarrier count where it is not the
     TMA kernel's ring's (`ring.RingBarriers`; the wgmma kernel's `ring.PipelineBarriers`).
+    separate_o: O gets its own tile (sO, Q's size) after them, instead of Q's bytes (a
+    persistent kernel loads the next tile's Q while this tile's O leaves), and the index of
+    the tile that Q is of (`tile`, for the consumers).
     """
     import cutlass
 
@@ -96,6 +100,17 @@ def shared_storage(cfg: TileConfig, stages: int = 0, barriers: int = 0):
             sK: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
         return SharedStorage
+
+    if separate_o:
+        @cute.struct
+        class PersistentStorage:
+            mbar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, barriers], 8]
+            tile: cute.struct.Align[cute.struct.MemRange[cutlass.Int32, 4], 16]
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, q_elems], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dtype, kv_elems], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[dtype, q_elems], 1024]
+        return PersistentStorage
 
     @cute.struct
     class RingStorage:

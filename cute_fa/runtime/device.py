@@ -66,6 +66,20 @@ def launch(device_index: int, kernel, args: tuple) -> None:
 
 
 _NO_LSE: dict = {}
+_TILE_COUNTERS: dict = {}
+
+
+def tile_counter(device_index: int) -> torch.Tensor:
+    """The tile counter of a persistent wgmma forward whose CTAs take tiles as they finish
+    (`Sm90Key.dynamic_tiles`), on the current stream of cuda:device_index: one int32, zero
+    between launches (a launch's last fetch puts it back), so the launches queued on a stream
+    take it in turn; each stream has its own."""
+    stream = torch.cuda.current_stream(device_index).cuda_stream
+    held = _TILE_COUNTERS.get((device_index, stream))
+    if held is None:
+        held = _TILE_COUNTERS[(device_index, stream)] = torch.zeros(
+            1, device=f"cuda:{device_index}", dtype=torch.int32)
+    return held
 
 
 def no_lse(device_index: int) -> torch.Tensor:

@@ -5,11 +5,13 @@ as the kernel was compiled (`compile.fake`)."""
 
 from __future__ import annotations
 
+from collections import namedtuple
 from typing import NamedTuple
 
 
 class ForwardArgs(NamedTuple):
-    """The forward kernels' (sm80's; the TMA and wgmma kernels take the first 14)."""
+    """The forward kernels' (sm80's; the TMA kernel takes the first 14, the wgmma kernel
+    `Sm90Args`)."""
 
     q: object
     k: object
@@ -28,6 +30,12 @@ class ForwardArgs(NamedTuple):
     seqused_k: object = None
     page_table: object = None
     num_splits: int | None = None
+
+
+# the wgmma kernel's: the first 14 of ForwardArgs (no decode arguments), then a persistent
+# grid's tile counter
+Sm90Args = namedtuple("Sm90Args", ForwardArgs._fields[:14] + ("tile_counter",),
+                      defaults=(None,) * 7)
 
 
 class MergeArgs(NamedTuple):
@@ -88,7 +96,7 @@ class BwdKvPostArgs(NamedTuple):
     max_seqlen_k: int | None = None
 
 
-RECORDS = {"sm80": ForwardArgs, "tma": ForwardArgs, "sm90": ForwardArgs, "merge": MergeArgs,
+RECORDS = {"sm80": ForwardArgs, "tma": ForwardArgs, "sm90": Sm90Args, "merge": MergeArgs,
            "bwd_pre": BwdPrepArgs, "bwd_sm80": BwdArgs, "bwd_sm90": BwdArgs,
            "bwd_post": BwdPostArgs, "bwd_post_kv": BwdKvPostArgs}
 

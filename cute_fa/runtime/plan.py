@@ -22,7 +22,7 @@ from ..compile.keys import KernelKey, MergeKey
 from ..compile.registry import used_arguments
 from ..tuning import (DECODE_MAX_SEQLEN_Q, PREFILL_ONLY, auto_short_causal, bwd_head_splits,
                       bwd_keys, decode_ctas_per_sm, decode_key, decode_rows_class, is_small_grid,
-                      kernel_key, num_splits_heuristic)
+                      kernel_key, num_splits_heuristic, sm90_persistent)
 from .call import RAGGED, AttentionCall, BackwardCall, MergeCall
 from .device import Device
 
@@ -176,14 +176,17 @@ def _forward(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
         call.seqlen_q, call.heads_q, call.batch, device.num_sms)
     short = call.backend == "auto" and auto_short_causal(tiles, call.head_dim, f.causal,
                                                          call.seqlen_q)
+    # whether a wgmma kernel of this call runs persistent, on one CTA per SM
+    persist = call.layout != RAGGED and sm90_persistent(call.head_dim, f.causal, call.seqlen_q,
+                                                        call.heads_q, call.batch, device.num_sms)
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
-             f.softcap > 0, call.layout, call.backend, small, short, over, compile)
+             f.softcap > 0, call.layout, call.backend, small, short, persist, over, compile)
     found = _FORWARD.get(route)
     if found is None:
         key = kernel_key(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
                          call.backend, tile_arch=over.tile_arch, local=f.local,
                          softcap=f.softcap > 0, varlen=call.layout == RAGGED, small_grid=small,
-                         seqlen_q=call.seqlen_q)
+                         seqlen_q=call.seqlen_q, persistent_sms=device.num_sms if persist else 0)
         key = _changed(key, over.changes)
         found = _FORWARD[route] = ForwardPlan(key, _compiled(key, compile), used_arguments(key))
     return found

@@ -9,9 +9,9 @@ import torch
 
 from ..layouts.config import dq_accum_blocks
 from .call import RAGGED, AttentionCall, BackwardCall
-from .device import launch, no_lse
+from .device import launch, no_lse, tile_counter
 from .launch import (BwdArgs, BwdKvPostArgs, BwdPostArgs, BwdPrepArgs, ForwardArgs, MergeArgs,
-                     for_kernel)
+                     Sm90Args, for_kernel)
 from .plan import BackwardPlan, ForwardPlan, MergePlan
 
 
@@ -64,6 +64,9 @@ def run_forward(call: AttentionCall, plan: ForwardPlan, q, k, v, out=None, *, cu
         args = ForwardArgs(q, k, v, out4, lse4, call.softmax_scale, call.causal_offset,
                            int(return_lse), f.window_left, f.window_right, f.softcap,
                            cu_seqlens_q, cu_seqlens_k, call.seqlen_q, seqused_k, page_table)
+        if plan.key.backend == "sm90":
+            args = Sm90Args(*args[:14], tile_counter=tile_counter(call.device_index)
+                            if plan.key.dynamic_tiles else None)
         launch(call.device_index, plan.kernel, for_kernel(args, plan.used))
         return out, lse
     # split-KV: float32 partials per split, then the merge writes out (and lse); one allocation

@@ -1,8 +1,11 @@
 """The tile scheduler: which query block, head, batch entry and key split a CTA computes, and the
-launch grid. Every forward kernel takes its `WorkTile` from here."""
+launch grid. Every forward kernel takes its `WorkTile` from here: one CTA per tile
+(`SingleTileScheduler`), or a persistent grid whose CTAs loop over the tiles
+(`PersistentTileScheduler`)."""
 
 from dataclasses import dataclass
 
+import cutlass
 import cutlass.cute as cute
 
 from .seqlen import QueryRows
@@ -69,3 +72,46 @@ class SingleTileScheduler:
             return WorkTile(m_block, head0, batch % batch_size, head_kv, batch // batch_size,
                             batch)
         return WorkTile(m_block, head0, batch, head_kv)
+
+
+def tile_coords(t, m_blocks, heads, causal: bool, lpt: bool) -> tuple:
+    """(m_block, head, batch) of tile t in `SingleTileScheduler`'s launch order (the order the
+    GPU starts its CTAs in, x fastest): without lpt query blocks fastest, under causal masking
+    the last (longest) first; with lpt heads fastest, then query blocks last first. Plain
+    arithmetic: it runs on Python ints (the tests) and on DSL integers (the kernel) alike."""
+    if lpt:
+        head, rest = t % heads, t // heads
+        return m_blocks - 1 - rest % m_blocks, head, rest // m_blocks
+    m_block, rest = t % m_blocks, t // m_blocks
+    if causal:
+        m_block = m_blocks - 1 - m_block
+    return m_block, rest % heads, rest // heads
+
+
+@dataclass(frozen=True)
+class PersistentTileScheduler:
+    """A grid of at most `ctas` CTAs (the GPU's SMs, one CTA each) over the tiles of
+    `tile_coords`' order, tile t's coordinates `tile(t)`: CTA c starts on tile c, and takes
+    c + gridDim.x, c + 2 gridDim.x, ... next, or (`Sm90Key.dynamic_tiles`) the next in line
+    when it finishes, from a counter (the kernel's producer warp fetches them). A CTA's next
+    tile's loads start under its current tile's epilogue instead of behind a new CTA's
+    prologue. Dense calls without split-KV or GQA packing."""
+
+    block_m: int
+    causal: bool
+    lpt: bool
+    ctas: int
+
+    def tiles(self, seqlen_q, heads_q, batch):
+        return cute.ceil_div(seqlen_q, self.block_m) * heads_q * batch
+
+    def grid(self, seqlen_q, heads_q, batch) -> tuple:
+        """The launch grid (host side, while the kernel is traced)."""
+        return (cutlass.max(cutlass.min(self.tiles(seqlen_q, heads_q, batch), self.ctas), 1),
+                1, 1)
+
+    def tile(self, t, seqlen_q, heads_q, heads_kv) -> WorkTile:
+        m_block, head, batch = tile_coords(t, cute.ceil_div(seqlen_q, self.block_m), heads_q,
+                                           self.causal, self.lpt)
+        return WorkTile(m_block, head, batch, head // (heads_q // heads_kv))
+
