@@ -127,6 +127,9 @@ def _cmd_precompile(args) -> int:
         if not torch.cuda.is_available():
             raise _UsageError("precompile needs --arch (e.g. --arch sm_90a) when no CUDA GPU is "
                               "visible; torch.cuda.is_available() is False here")
+    if args.deterministic and not args.backward:
+        raise _UsageError("--deterministic needs --backward (it adds the deterministic mode's "
+                          "backward kernels)")
     ints = {}
     for name in ("decode_groups", "page_sizes"):
         text = getattr(args, name)
@@ -144,7 +147,8 @@ def _cmd_precompile(args) -> int:
     try:
         keys = precompile(head_dims=head_dims, dtypes=dtypes, arch=arch, backend=args.backend,
                           varlen=args.varlen, windows=args.windows, softcap=args.softcap,
-                          backward=args.backward, progress=progress, **ints)
+                          backward=args.backward, deterministic=args.deterministic,
+                          progress=progress, **ints)
     except (ValueError, TypeError) as exc:
         raise type(exc)(_flag_names(str(exc))) from None
     print(f"{len(keys)} kernels: " + ", ".join(f"{n} {where}" for where, n in counts.items()))
@@ -213,7 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, what in (("--backward", "the backward's kernels (training)"),
                        ("--varlen", "forward_varlen's kernels (ragged batches)"),
                        ("--windows", "the kernels of sliding windows (window_size)"),
-                       ("--softcap", "the kernels of a softcap")):
+                       ("--softcap", "the kernels of a softcap"),
+                       ("--deterministic", "with --backward, the deterministic mode's "
+                                           "backward kernels")):
         p_pre.add_argument(flag, action="store_true", help=f"also {what}")
     p_bench = command("bench", "benchmark against torch SDPA and flash-attn-4 (GPU)")
     p_bench.add_argument("--out", default="docs/perf/latest",

@@ -84,6 +84,7 @@ def test_precompile_without_gpu_names_the_flag():
      "--page-sizes must hold multiples of 16"),
     (["precompile", "--arch", "sm_90a", "--page-sizes", "64"],
      "--page-sizes needs --decode-groups"),
+    (["precompile", "--arch", "sm_90a", "--deterministic"], "--deterministic needs --backward"),
     (["precompile", "--arch", "sm_70"], "--arch must be one of sm_80, sm_86"),
     (["precompile", "--arch", "foo"], "arch must be one of"),
     (["precompile", "--arch", "90"], "got '90'"),

@@ -112,3 +112,23 @@ def test_every_backward_key_has_a_progress_line():
     assert describe(prep) == f"bwd_pre sm_90a bfloat16 head_dim 128 {prep.tile.block_m} rows"
     assert f"{main.tile.block_m}x{main.tile.block_n}" in describe(main)
     assert "bwd_sm90" in describe(main) and describe(post)
+
+
+def test_deterministic_backward_calls_use_only_precompiled_kernels(recorded):
+    """precompile(backward=True, deterministic=True): the kernels of a deterministic backward
+    call (its main kernel is another than the default's) are precompile's; with backward
+    alone they are not all there; deterministic without backward is refused."""
+    common = dict(head_dims=128, dtypes="bfloat16", causal=True, arch="sm_90a", backward=True)
+    default = set(cute_fa.precompile(**common))
+    keys = set(cute_fa.precompile(**common, deterministic=True))
+    recorded.clear()
+    bf16 = torch.bfloat16
+    q, out, dout = (torch.randn(2, 300, 32, 128, dtype=bf16) for _ in range(3))
+    k = torch.randn(2, 300, 8, 128, dtype=bf16)
+    cute_fa.backward(dout, q, k, k, out, torch.randn(2, 32, 300), True, deterministic=True)
+    asked = set(recorded)
+    assert any(getattr(key, "deterministic", False) for key in asked)
+    assert asked <= keys, asked - keys
+    assert not asked <= default
+    with pytest.raises(ValueError, match="deterministic needs backward=True"):
+        cute_fa.precompile(head_dims=128, arch="sm_90a", deterministic=True)

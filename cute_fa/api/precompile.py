@@ -91,7 +91,7 @@ def _features(causal: bool, local: bool, softcap: bool) -> ScoreFeatures:
 
 
 def calls(head_dims, dtypes, causal, backend, decode_groups, page_sizes, features,
-          backward: bool, device_index: int):
+          backward: bool, device_index: int, deterministic: bool = False):
     """Every call precompile plans: (head_dim, dtype, causal) x features of each kind asked."""
     def attention(layout, dtype, head_dim, batch, seqlen_q, heads_q, f, **cache):
         return AttentionCall(layout, dtype, head_dim, batch, seqlen_q, DECODE_SEQLEN_K,
@@ -104,11 +104,12 @@ def calls(head_dims, dtypes, causal, backend, decode_groups, page_sizes, feature
             yield attention(RAGGED if ragged else DENSE, dtype, head_dim, batch, seqlen_q, 1, f,
                             ragged_k=ragged)
         if backward:
-            grad = BackwardCall(RAGGED if ragged else DENSE, dtype, head_dim, f, 1.0, 0, False,
-                                device_index)
-            yield grad
-            # a K/V group's query heads split over CTAs (the wgmma backward's small grids)
-            yield grad._replace(heads_q=2, head_splits=2)
+            for det in (False, True) if deterministic else (False,):
+                grad = BackwardCall(RAGGED if ragged else DENSE, dtype, head_dim, f, 1.0, 0,
+                                    det, device_index)
+                yield grad
+                # a K/V group's query heads split over CTAs (the wgmma backward's small grids)
+                yield grad._replace(heads_q=2, head_splits=2)
         if ragged:  # forward_varlen against a cache: seqused_k, or a paged K/V
             for page_size, seqused_k, ragged_k in itertools.product(
                     (0,) + page_sizes, (False, True), (False, True)):
@@ -131,6 +132,7 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
                decode_groups: int | Iterable[int] = (),
                page_sizes: int | Iterable[int] = (), *, varlen: bool = False,
                windows: bool = False, softcap: bool = False, backward: bool = False,
+               deterministic: bool = False,
                progress: Callable[[Step], object] | None = None) -> list:
     """Compile every (head_dim, dtype, causal) combination for `arch` (default: this GPU's,
     e.g. 'sm_90a'; needed where there is no GPU) and `backend` ('auto' compiles what
@@ -147,8 +149,9 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
     `window_size` with a bounded left side, a softcap (for the decode kernels too).
 
     backward adds the backward's kernels (training: the preprocess, the main kernel and the
-    postprocess) of each (head_dim, dtype, causal) and feature combination above; the
-    deterministic mode's are compiled on first use.
+    postprocess) of each (head_dim, dtype, causal) and feature combination above; with
+    deterministic, also those of the deterministic mode (`deterministic=True`, whose main
+    kernels are others), which are otherwise compiled on first use.
 
     progress: called with a `Step` per kernel as it is compiled or found in the cache (its str is a
     line; the CLI prints them). Every argument is checked before anything compiles. Returns the
@@ -163,9 +166,12 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
             raise TypeError(f"causal must be a bool or a sequence of bools, got {c!r}")
     check_backend(backend)
     for name, flag in (("varlen", varlen), ("windows", windows), ("softcap", softcap),
-                       ("backward", backward)):
+                       ("backward", backward), ("deterministic", deterministic)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if deterministic and not backward:
+        raise ValueError("deterministic needs backward=True (it adds the deterministic "
+                         "mode's backward kernels)")
     decode_groups = () if decode_groups == () else tuple(
         _positive_int("decode_groups", g)
         for g in _as_tuple("decode_groups", decode_groups, (int,), "an int"))
@@ -188,7 +194,7 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
                                         for on in (windows, softcap, varlen))))
     planned = [plan(call, target, compile=False) for call in calls(
         head_dims, dtypes, causal, backend, decode_groups, page_sizes, features, backward,
-        target.index)]
+        target.index, deterministic)]
     # every kernel those plans run, once each, in order
     keys = list(dict.fromkeys(key for p in planned for key in p.kernel_keys()))
     for n, key in enumerate(keys, 1):
