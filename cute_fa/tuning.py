@@ -183,11 +183,11 @@ SM90_OVERLAP = True
 SM90_PINGPONG = {64: True, 128: True, 192: True, 256: False}
 
 
-# The wgmma kernel persistent (`Sm90Key.persistent`) at head_dim 128 for 1k-2k queries where the
-# tiles outnumber the SMs: 1.007x-1.085x the one-tile grid on all 10 such rows (H200, bf16, one
-# process, docs/perf/2026-12-03-h200-persistent); 0.958x-0.979x at S = 512, 0.967x-1.052x at
-# 4k-16k, 0.916x-1.059x at head_dim 64. head_dim class -> (shortest, longest) query count.
-SM90_PERSISTENT_SEQLEN = {128: (1024, 2048)}
+# head_dim class -> (shortest, longest) query count of the calls whose wgmma kernel runs
+# persistent (`Sm90Key.persistent`), where its tiles outnumber the SMs. None: in the 44-row A/B
+# (H200, docs/perf/2026-12-03-h200-persistent) head_dim 128 at 1k-2k read 1.007x-1.085x the
+# one-tile grid, but three re-runs of 4 of those rows, after the race fix, read 0.984x-1.018x.
+SM90_PERSISTENT_SEQLEN: dict = {}
 
 
 def sm90_persistent(head_dim: int, causal: bool, seqlen_q: int, heads_q: int, batch: int,

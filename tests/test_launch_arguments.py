@@ -103,19 +103,27 @@ def test_persistent_tile_counter(launches, causal):
     ((2, 1024, 16, 128), dict(causal=True), 132),  # 256 tiles of 1k queries
     ((2, 2048, 16, 128), dict(causal=False), 132),
     ((1, 1024, 8, 128), dict(causal=True), 0),  # 64 tiles: fewer than the SMs
-    ((2, 512, 32, 128), dict(causal=True), 0),  # 512 queries: slower persistent
+    ((2, 512, 32, 128), dict(causal=True), 0),  # 512 queries: outside the entry
     ((2, 4096, 16, 128), dict(causal=True), 0),
     ((2, 1024, 32, 64), dict(causal=False), 0),  # head_dim 64
-    ((2, 1024, 16, 128), dict(causal=True, window_size=(256, 0)), 0),  # not measured
+    ((2, 1024, 16, 128), dict(causal=True, window_size=(256, 0)), 0),  # plain calls only
     ((2, 1024, 16, 128), dict(causal=True, softcap=30.0), 0),
 ])
-def test_auto_persistent(launches, shape, kwargs, persistent):
-    """Where `tuning.sm90_persistent` runs the wgmma kernel persistent (on the stood-in GPU's
-    132 SMs), by a rule written out here: head_dim 128, 1024-2048 queries, more 128-row tiles
-    than SMs, no window and no softcap."""
+def test_auto_persistent(launches, monkeypatch, shape, kwargs, persistent):
+    """Where a table entry of `tuning.SM90_PERSISTENT_SEQLEN` (head_dim 128, 1024-2048 queries,
+    set here: the shipped table has none) runs the wgmma kernel persistent on the stood-in
+    GPU's 132 SMs, by a rule written out here: more 128-row tiles than SMs, no window and no
+    softcap; and with the shipped table no call does."""
+    from cute_fa import tuning
+    from cute_fa.runtime.plan import clear_plans
+
     recorded, _ = launches
     b, s, h, d = shape
     q = torch.randn(b, s, h, d, dtype=torch.bfloat16)
+    cute_fa.forward(q, q, q, backend="sm90", **kwargs)
+    assert recorded.pop()[0].persistent == 0
+    monkeypatch.setattr(tuning, "SM90_PERSISTENT_SEQLEN", {128: (1024, 2048)})
+    clear_plans()
     cute_fa.forward(q, q, q, backend="sm90", **kwargs)
     (key, args), = recorded
     assert key.persistent == persistent
