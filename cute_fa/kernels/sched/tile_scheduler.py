@@ -103,6 +103,7 @@ class PersistentTileScheduler:
     ctas: int
 
     def tiles(self, seqlen_q, heads_q, batch):
+        """How many tiles the call has: query blocks x query heads x batch entries."""
         return cute.ceil_div(seqlen_q, self.block_m) * heads_q * batch
 
     def grid(self, seqlen_q, heads_q, batch) -> tuple:
@@ -111,6 +112,7 @@ class PersistentTileScheduler:
                 1, 1)
 
     def tile(self, t, seqlen_q, heads_q, heads_kv) -> WorkTile:
+        """Tile t (`tile_coords`), reading K/V head head // (heads_q // heads_kv)."""
         m_block, head, batch = tile_coords(t, cute.ceil_div(seqlen_q, self.block_m), heads_q,
                                            self.causal, self.lpt)
         return WorkTile(m_block, head, batch, head // (heads_q // heads_kv))
