@@ -193,9 +193,10 @@ SM90_PERSISTENT_SEQLEN: dict = {}
 def sm90_persistent(head_dim: int, causal: bool, seqlen_q: int, heads_q: int, batch: int,
                     num_sms: int) -> bool:
     """Whether 'auto' runs a plain dense call's wgmma kernel persistent on num_sms CTAs."""
-    lo, hi = SM90_PERSISTENT_SEQLEN.get(head_dim_class(head_dim), (1, 0))
-    tiles = -(-seqlen_q // SM90_TILES[head_dim_class(head_dim), causal][0]) * heads_q * batch
-    return lo <= seqlen_q <= hi and tiles > num_sms
+    cls = head_dim_class(head_dim)
+    lo, hi = SM90_PERSISTENT_SEQLEN.get(cls, (1, 0))  # every forward call asks: cheap first
+    return lo <= seqlen_q <= hi and \
+        -(-seqlen_q // SM90_TILES[cls, causal][0]) * heads_q * batch > num_sms
 
 
 def sm90_tile(dtype: str, head_dim: int, causal: bool) -> TileConfig:

@@ -69,8 +69,8 @@ class FlashFwdSm90(FlashFwdBase):
         self.bars = ring.PipelineBarriers(key.kv_stages, q_empty=bool(key.persistent))
         if key.persistent:
             cfg = key.tile
-            need = cfg.smem_bytes(key.kv_stages) + cfg.block_m * cfg.head_dim_padded * \
-                cfg.elem_bytes + 1024  # sO, and the barriers' 1 KB-aligned block
+            # sO is Q's size (smem_bytes(0)); then the barriers' 1 KB-aligned block
+            need = cfg.smem_bytes(key.kv_stages) + cfg.smem_bytes(0) + 1024
             if need > SM90_SMEM_BYTES:
                 raise ValueError(f"persistent stages O in its own tile: {need} bytes of shared "
                                  f"memory at head_dim {cfg.head_dim}, sm90 has "
@@ -469,8 +469,7 @@ class FlashFwdSm90(FlashFwdBase):
     def _mainloop(self, ctx: RoundContext, thr: ThreadWgmma, mbar, n_rounds, ctidx, base=None):
         """base: the ring's rounds before this tile's (a persistent CTA's; None: none, and the
         first turn of the ping-pong is given here)."""
-        cfg, bars, stages = self.cfg, self.bars, self.kv_stages
-
+        cfg, bars = self.cfg, self.bars
         wg = cute.arch.make_warp_uniform(ctidx // wgmma.WARPGROUP_THREADS)
         dtype = cutlass_dtype(cfg.dtype)
         shape_S = thr.tiled_mma_qk.partition_shape_C((cfg.block_m, cfg.block_n))
