@@ -103,11 +103,10 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
 
     local, softcap, varlen: a sliding window's lower edge, a softcap, a ragged batch
     (`compile.keys.KernelKey`); each keeps the tile, stages and register cap of the plain kernel
-    but where FEATURE_TILES says otherwise. seqlen_q: the call's queries, where 'auto' depends
-    on them (`AUTO_SHORT_CAUSAL`). small_grid: a causal call whose 128-row query blocks
-    would not fill the GPU's SMs once (`is_small_grid`) takes SMALL_GRID_TILES' tile where the
-    arch and backend have one. persistent_sms: the wgmma kernel's plain key is persistent on that
-    many CTAs (`sm90_persistent`'s calls; 0: not).
+    but where FEATURE_TILES says otherwise. seqlen_q: the call's queries (`SM90_LONG_TILES`).
+    small_grid: a causal call whose 128-row query blocks would not fill the GPU's SMs once
+    (`is_small_grid`) takes SMALL_GRID_TILES' tile where the arch and backend have one.
+    persistent_sms: the wgmma kernel's plain key is persistent on that many CTAs (0: not).
 
     tile_arch (default: `arch`; `runtime.plan.tiles_of` forces one) is the arch whose tables choose
     the tile, K/V stages, register cap and 'auto' backend, while the kernel is compiled for
@@ -115,21 +114,21 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     for its target instruction set.
 
     The TMA kernel's lazy rescale is on by default: on the H200 it measured within noise
-    (0.92x-1.10x, docs/perf/README.md), but on sm_90a at head_dim 128 ptxas compiles the lazy
-    kernels without spills, the eager bf16 causal one with 24 bytes (it stays benchmarked).
+    (0.92x-1.10x, docs/perf/README.md), but ptxas compiles it spill-free at head_dim 128 on
+    sm_90a, the eager bf16 causal kernel with 24 bytes.
     """
     tiles = tile_arch or arch
     if backend == "auto":
         backend = AUTO_FEATURES.get((tiles, head_dim_class(head_dim), causal,
                                      (local, softcap, varlen)), backend)
-    if backend == "auto" and auto_short_causal(tiles, head_dim, causal, seqlen_q):
-        backend = "tma"
     backend = resolve_backend(tiles, backend, head_dim, causal)
     _require_support(backend, arch)  # the forced arch may have TMA where this one has not
     features = dict(local=local, softcap=softcap, varlen_q=varlen, varlen_k=varlen, lpt=causal)
     if backend == "sm90":  # its own tiles, no feature or small-grid tiles; persistent if plain
-        persistent = 0 if local or softcap or varlen else persistent_sms
-        return sm90_key(arch, dtype, head_dim, causal, persistent=persistent, **features)
+        plain = not (local or softcap or varlen)
+        return sm90_key(arch, dtype, head_dim, causal,
+                        long=plain and sm90_long(head_dim, causal, seqlen_q),
+                        persistent=persistent_sms if plain else 0, **features)
     cfg = tile_config(tiles, dtype, head_dim, causal, backend)
     cap = REGISTER_CAP_CTAS.get((tiles, backend, head_dim_class(head_dim), causal), 0)
     feature_tile = FEATURE_TILES.get((tiles, backend, head_dim_class(head_dim), causal,
@@ -167,13 +166,19 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
 # would not fit the 227 KB of shared memory next to Q. Measured on the H200
 # (docs/perf/2026-12-01-h200-sm90/ab_tiles.jsonl, bf16): at head_dim 64 three consumer
 # warpgroups (192 rows, 160 registers each) took the non-causal kernel from 406 to 491
-# TFLOPs/s at S = 8k (275 -> 284 at 1k); the causal one spills 88 bytes at 160 registers and
-# keeps two. A third K/V stage at head_dim 128: 431 vs 401 at S = 1k, 612 vs 627 at 8k, equal
-# causal: two stages.
+# TFLOPs/s at S = 8k (275 -> 284 at 1k); causal, only from 2k queries (SM90_LONG_TILES). A
+# third K/V stage at head_dim 128: 431 vs 401 at S = 1k, 612 vs 627 at 8k, equal causal: two.
 SM90_TILES = {(64, False): (192, 128, 384), (64, True): (128, 128, 256),
               (128, False): (128, 128, 256), (128, True): (128, 128, 256),
               (192, False): (128, 112, 256), (192, True): (128, 112, 256),
               (256, False): (128, 80, 256), (256, True): (128, 80, 256)}
+# (head_dim class, causal) -> (fewest queries, tile): plain calls (no window, softcap or ragged
+# batch) of at least that many queries take this tile instead. Causal head_dim 64 on three
+# warpgroups compiles spill-free with the bit-mask form of the mask (`mask.apply_mask`); on the
+# H200 (docs/perf/2026-12-04-h200-mask/ab_tiles.json, by a rule written before the run) it ran
+# 1.02x-1.17x the two-warpgroup tile from 2k queries, 0.89x at 1k and 0.79x-0.90x on batch 1-4
+# prefill of 512-1024 queries, whose few 192-row CTAs leave SMs idle.
+SM90_LONG_TILES = {(64, True): (2048, (192, 128, 384))}
 SM90_KV_STAGES = 2
 SM90_OVERLAP = True
 # head_dim class -> whether the consumer warpgroups take turns issuing their wgmmas. On at 64
@@ -195,20 +200,31 @@ def sm90_persistent(head_dim: int, causal: bool, seqlen_q: int, heads_q: int, ba
     """Whether 'auto' runs a plain dense call's wgmma kernel persistent on num_sms CTAs."""
     cls = head_dim_class(head_dim)
     lo, hi = SM90_PERSISTENT_SEQLEN.get(cls, (1, 0))  # every forward call asks: cheap first
-    return lo <= seqlen_q <= hi and \
-        -(-seqlen_q // SM90_TILES[cls, causal][0]) * heads_q * batch > num_sms
+    return lo <= seqlen_q <= hi and -(-seqlen_q // sm90_tile(
+        "bfloat16", head_dim, causal, sm90_long(head_dim, causal, seqlen_q)).block_m) \
+        * heads_q * batch > num_sms
 
 
-def sm90_tile(dtype: str, head_dim: int, causal: bool) -> TileConfig:
-    block_m, block_n, threads = SM90_TILES[head_dim_class(head_dim), causal]
+def sm90_long(head_dim: int, causal: bool, seqlen_q: int | None) -> bool:
+    """Whether a plain call of seqlen_q queries takes SM90_LONG_TILES' tile (None: no)."""
+    found = SM90_LONG_TILES.get((head_dim_class(head_dim), causal))
+    return found is not None and seqlen_q is not None and seqlen_q >= found[0]
+
+
+def sm90_tile(dtype: str, head_dim: int, causal: bool, long: bool = False) -> TileConfig:
+    """The wgmma kernel's tile; long: SM90_LONG_TILES' (`sm90_long`'s calls)."""
+    cls = head_dim_class(head_dim)
+    block_m, block_n, threads = SM90_LONG_TILES[cls, causal][1] if long else \
+        SM90_TILES[cls, causal]
     return TileConfig(head_dim=head_dim, block_m=block_m, block_n=block_n,
                       num_threads=threads, dtype=dtype, wgmma=True)
 
 
-def sm90_key(arch: str, dtype: str, head_dim: int, causal: bool, **features) -> Sm90Key:
-    """The wgmma kernel's key: its tile, ring and schedule for this head_dim; features are
-    `kernel_key`'s (window, softcap, ragged batch, lpt)."""
-    cfg = sm90_tile(dtype, head_dim, causal)
+def sm90_key(arch: str, dtype: str, head_dim: int, causal: bool, long: bool = False,
+             **features) -> Sm90Key:
+    """The wgmma kernel's key: its tile (long: `sm90_long`'s), ring and schedule for this
+    head_dim; features are `kernel_key`'s (window, softcap, ragged batch, lpt)."""
+    cfg = sm90_tile(dtype, head_dim, causal, long)
     return Sm90Key(arch, causal, cfg, kv_stages=SM90_KV_STAGES, intra_wg_overlap=SM90_OVERLAP,
                    pingpong=SM90_PINGPONG[head_dim_class(head_dim)], **features)
 
@@ -315,30 +331,14 @@ TMA_CTAS_PER_SM = {64: 3}
 # at head_dim 64 ptxas gives the kernels 205-241 registers, so two CTAs (8 warps) share an
 # SM and the warps stall mostly on fixed-latency dependencies. Capped at 168 registers for
 # three CTAs, the causal TMA kernel compiles without spills and measured ~3-5% faster; the
-# non-causal TMA kernel and the sm80 kernel (50-60 bytes of spills) lost 4-10%, so they keep
-# ptxas's choice.
+# non-causal TMA and the sm80 kernels (50-60 bytes of spills) lost 4-10%: ptxas's choice.
 REGISTER_CAP_CTAS: dict = {("sm_90a", "tma", 64, True): 3}
 
-# (arch, head_dim class) -> causal calls with at most this many queries take the TMA kernel
-# under 'auto' (with its small-grid tile where the grid is small): at head_dim 64 the causal
-# wgmma kernel runs 128-row tiles of two consumer warpgroups (three spill), and on short
-# sequences the TMA kernel's was faster on the H200 (docs/perf/2026-12-01-h200-sm90/: S = 1k
-# 210 vs 164 TFLOPs/s, 2k 265 vs 252; batch 1-4 GQA prefill at S <= 2000: 0.72x-0.94x), while
-# from S = 4k the wgmma kernel wins (328 vs 299).
-AUTO_SHORT_CAUSAL = {("sm_90a", 64): 2048}
-
-
-def auto_short_causal(tiles: str, head_dim: int, causal: bool, seqlen_q: int | None) -> bool:
-    """Whether 'auto' takes the TMA kernel for this call on the arch whose tables are `tiles`
-    (`AUTO_SHORT_CAUSAL`); without a query count (None), no."""
-    return (causal and seqlen_q is not None
-            and seqlen_q <= AUTO_SHORT_CAUSAL.get((tiles, head_dim_class(head_dim)), 0))
-
 # 'auto' picks per (arch, head_dim class, causal); absent entries use the sm80 kernel. On
-# sm_90a the wgmma kernel, at every head_dim class: on the H200 it is 1.2x-1.6x the TMA
-# kernel, which was itself 1.16x the sm80 one at head_dim 128 (docs/perf/2026-12-01-h200-sm90/).
-# Decode calls (few queries, a KV cache) stay on the cp.async kernel's decode path. sm120 is
-# not measured here, so it stays on sm80.
+# sm_90a the wgmma kernel, at every head_dim class: on the H200 it is 1.2x-1.6x the TMA kernel
+# (docs/perf/2026-12-01-h200-sm90/; causal head_dim 64, short calls too: 1.16x-1.45x,
+# 2026-12-04-h200-mask/ab_tiles.json). Decode calls (few queries, a KV cache) stay on the
+# cp.async kernel's decode path. sm120 is not measured here, so it stays on sm80.
 AUTO: dict = {("sm_90a", hd, causal): "sm90" for hd in (64, 128, 192, 256)
               for causal in (False, True)}
 

@@ -51,6 +51,7 @@ def _feature_keys() -> list:
     out.append(kernel_key("sm_90a", "bfloat16", 128, True, "auto", small_grid=True,
                           seqlen_q=512))
     out.append(kernel_key("sm_90a", "bfloat16", 64, True, "auto", seqlen_q=1))
+    out.append(kernel_key("sm_90a", "bfloat16", 64, True, "auto", seqlen_q=4096))  # long tile
     for arch in ("sm_90a", "sm_80"):
         for d, sq, group, page, seqused, split, local, softcap, vq, vk in [
                 (128, 1, 4, 0, False, False, False, False, False, False),

@@ -12,7 +12,7 @@ from cute_fa.compile.registry import REGISTRY
 from cute_fa.compile.build import compile_kernel
 from cute_fa.compile.ptxas import ptxas_resources
 from cute_fa.layouts import TileConfig, wgmma
-from cute_fa.tuning import SM90_TILES, SMEM_BYTES, kernel_key
+from cute_fa.tuning import SM90_LONG_TILES, SM90_TILES, SMEM_BYTES, kernel_key
 
 # every head_dim class, both dtypes, causal or not; and the features on top
 PLAIN = [(hd, dtype, causal) for hd in (64, 128, 192, 256) for dtype in ("bfloat16", "float16")
@@ -48,6 +48,29 @@ def test_shipped_kernel_compiles(head_dim, dtype, causal):
     assert (key.tile.block_m, key.tile.block_n, key.tile.num_threads) == \
         SM90_TILES[head_dim, causal]
     _check(key)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("cls, causal", sorted(SM90_LONG_TILES), ids=str)
+def test_long_tiles(cls, causal, dtype):
+    """SM90_LONG_TILES: plain calls of at least its query count take its tile, and compile
+    spill-free, persistent too; shorter calls, and calls with a window, a softcap or a
+    ragged batch (not measured on it), keep SM90_TILES'."""
+    start, tile = SM90_LONG_TILES[cls, causal]
+
+    def shape(key):
+        return key.tile.block_m, key.tile.block_n, key.tile.num_threads
+
+    long = kernel_key("sm_90a", dtype, cls, causal, "auto", seqlen_q=start)
+    assert long.backend == "sm90" and shape(long) == tile != SM90_TILES[cls, causal]
+    _check(long)
+    _check(dataclasses.replace(long, persistent=132))
+    for key in (kernel_key("sm_90a", dtype, cls, causal, "auto", seqlen_q=start - 1),
+                kernel_key("sm_90a", dtype, cls, causal, "auto"),
+                kernel_key("sm_90a", dtype, cls, causal, "sm90", seqlen_q=start, local=True),
+                kernel_key("sm_90a", dtype, cls, causal, "sm90", seqlen_q=start, softcap=True),
+                kernel_key("sm_90a", dtype, cls, causal, "sm90", seqlen_q=start, varlen=True)):
+        assert shape(key) == SM90_TILES[cls, causal], key
 
 
 @pytest.mark.parametrize("head_dim", [32, 96, 160, 200])
@@ -93,19 +116,19 @@ def test_tile_rules():
 
 
 def test_auto_choice_on_hopper():
-    """'auto' on sm_90a: the wgmma kernel, but for short causal calls at head_dim 64, where the
-    TMA kernel measured faster (tuning.AUTO_SHORT_CAUSAL)."""
+    """'auto' on sm_90a: the wgmma kernel for every head_dim, causal or not, short or long,
+    with or without features; the sm80 kernel elsewhere."""
     def backend(hd, causal, seqlen_q=None, **kw):
         return kernel_key("sm_90a", "bfloat16", hd, causal, "auto", seqlen_q=seqlen_q,
                           **kw).backend
 
-    assert backend(64, True, 2048) == "tma" and backend(48, True, 1) == "tma"
+    assert backend(64, True, 2048) == "sm90" and backend(48, True, 1) == "sm90"
     assert backend(64, True, 2049) == "sm90" and backend(64, False, 1024) == "sm90"
     assert backend(128, True, 512) == "sm90" and backend(256, True, 100) == "sm90"
-    assert backend(64, True, None) == "sm90"  # no length given: the long-sequence choice
-    assert backend(64, True, 1024, varlen=True, local=True) == "tma"
     assert kernel_key("sm_80", "bfloat16", 64, True, "auto", seqlen_q=100).backend == "sm80"
     assert kernel_key("sm_120a", "bfloat16", 128, True, "auto").backend == "sm80"
+    assert backend(64, True, None) == "sm90"
+    assert backend(64, True, 1024, varlen=True, local=True) == "sm90"
 
 
 @pytest.mark.parametrize("head_dim, causal", [(64, False), (64, True), (128, False),

@@ -59,17 +59,17 @@ def test_flags_must_be_bools():
 
 
 def test_short_and_long_causal_calls_use_precompiled_kernels(recorded):
-    """At head_dim 64 on sm_90a 'auto' takes the TMA kernel for short causal calls (with its
-    small-grid tile where the grid is small) and the wgmma kernel for long ones: precompile
-    covers all three."""
+    """At head_dim 64 on sm_90a 'auto' runs causal calls on the wgmma kernel's two-warpgroup
+    tile up to 2047 queries and on the long calls' three-warpgroup tile from 2048
+    (tuning.SM90_LONG_TILES): precompile covers both."""
     keys = set(cute_fa.precompile(head_dims=64, dtypes="bfloat16", causal=True, arch="sm_90a"))
     recorded.clear()
     for batch, seqlen, heads in ((1, 300, 8), (8, 1500, 32), (1, 3000, 8)):
         q = torch.randn(batch, seqlen, heads, 64, dtype=torch.bfloat16)
         cute_fa.forward(q, q, q, causal=True)
     asked = set(recorded)
-    assert {k.backend for k in asked} == {"tma", "sm90"}
-    assert len({k.tile for k in asked if k.backend == "tma"}) == 2  # small grid and not
+    assert {k.backend for k in asked} == {"sm90"}
+    assert {k.tile.num_threads for k in asked} == {256, 384}
     assert asked <= keys, asked - keys
 
 

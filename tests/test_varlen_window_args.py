@@ -134,9 +134,8 @@ def test_varlen_launch(launches, backend):
     (key, args), = recorded
     named = _named(key, args)
     assert key.varlen_q and key.varlen_k and key.causal and not key.local and not key.softcap
-    # auto on sm_90a: a causal call of head_dim 64 and at most 2048 queries (the longest entry
-    # has 17) takes the TMA kernel (tuning.AUTO_SHORT_CAUSAL), longer ones the wgmma kernel
-    assert key.backend == ("tma" if backend == "auto" else backend)
+    # auto on sm_90a: the wgmma kernel
+    assert key.backend == ("sm90" if backend == "auto" else backend)
     # (1, total, heads, head_dim) views of the caller's tensors, no copies
     assert named["q"].shape == (1,) + q.shape and named["q"].data_ptr() == q.data_ptr()
     assert named["k"].shape == (1,) + k.shape and named["k"].data_ptr() == k.data_ptr()
@@ -273,8 +272,11 @@ def test_empty_varlen_batch_launches_nothing(launches):
 
 
 def test_auto_takes_the_wgmma_kernel_on_hopper(launches):
-    """sm_90a's 'auto': the wgmma kernel, but for causal calls of head_dim 64 with at most 2048
-    queries (the longest entry's, for a ragged batch)."""
+    """sm_90a's 'auto': the wgmma kernel, ragged or dense, causal or not, short or long; a
+    ragged batch keeps the plain tile whatever its longest entry (SM90_LONG_TILES is for
+    dense calls), a dense causal call of 2048 queries at head_dim 64 takes the long tile."""
+    from cute_fa.tuning import SM90_LONG_TILES, SM90_TILES
+
     recorded, _ = launches
     q, k, v, cu_q, cu_k, mq, mk = ragged(d=128)
     cute_fa.forward_varlen(q, k, v, cu_q, cu_k, mq, mk, causal=True)
@@ -286,4 +288,9 @@ def test_auto_takes_the_wgmma_kernel_on_hopper(launches):
     dense = torch.randn(1, 100, 2, 64, dtype=torch.bfloat16)
     cute_fa.forward(dense, dense, dense, causal=True)
     cute_fa.forward(dense, dense, dense, causal=False)
-    assert [key.backend for key, _ in recorded] == ["sm90", "sm90", "sm90", "tma", "tma", "sm90"]
+    long = torch.randn(1, 2048, 2, 64, dtype=torch.bfloat16)
+    cute_fa.forward(long, long, long, causal=True)
+    assert [key.backend for key, _ in recorded] == ["sm90"] * 7
+    shapes = [(k.tile.block_m, k.tile.block_n, k.tile.num_threads) for k, _ in recorded]
+    assert shapes[1] == shapes[3] == shapes[4] == SM90_TILES[64, True]
+    assert shapes[6] == SM90_LONG_TILES[64, True][1] == (192, 128, 384)

@@ -28,8 +28,8 @@ from ..runtime.plan import plan
 from ..tuning import (DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, PREFILL_ONLY, check_backend,
                       supported_page_size)
 
-# query lengths and batch sizes of the prefill calls planned: a short and a long causal query
-# (`tuning.AUTO_SHORT_CAUSAL`, at most 2048), one that a wgmma kernel runs persistent on a grid
+# query lengths and batch sizes of the prefill calls planned: short and long queries
+# (`tuning.SM90_LONG_TILES` splits at 2048), one that a wgmma kernel runs persistent on a grid
 # that fills the GPU (`tuning.SM90_PERSISTENT_SEQLEN`), grids that fill no GPU and grids that
 # fill any (`tuning.is_small_grid`)
 PREFILL_SEQLENS = (DECODE_MAX_SEQLEN_Q + 1, 1024, 2049, 65536)

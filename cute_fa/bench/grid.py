@@ -140,6 +140,16 @@ def _shape(r) -> str:
             f"S={r['seqlen']}")
 
 
+def _auto_note() -> str:
+    """What 'auto' runs on Hopper, from the tables that decide it."""
+    from .. import tuning
+    note = "on Hopper the wgmma kernel, backend='sm90'"
+    for (d, causal), (n, (m, bn, threads)) in sorted(tuning.SM90_LONG_TILES.items()):
+        note += (f"; {'causal' if causal else 'non-causal'} head_dim {d} from {n} queries on "
+                 f"{m}x{bn} tiles of {threads // 128} consumer warpgroups")
+    return note
+
+
 def grid_markdown(result: dict) -> str:
     rows = result["grid"]
     names = methods_in(rows, ORDER)
@@ -147,9 +157,8 @@ def grid_markdown(result: dict) -> str:
     lines = [f"# cute_fa forward, {result['device']}, {result['date']}", "",
              versions_line(result), "", timer_note(result.get("reps", REPS)), "",
              "TFLOPs/s from that time (forward FLOPs = 4·B·H·S²·D, halved when causal); "
-             "batch·seqlen = 16384, heads·head_dim = 2048. cute_fa is backend='auto' (on Hopper "
-             "the wgmma kernel, backend='sm90', but for causal calls at head_dim 64 with at most "
-             "2048 queries: the TMA kernel). fastest peer: the fastest on that row of SDPA "
+             "batch·seqlen = 16384, heads·head_dim = 2048. cute_fa is backend='auto' (" +
+             _auto_note() + "). fastest peer: the fastest on that row of SDPA "
              "default (no `sdpa_kernel` context), SDPA flash, SDPA cuDNN and flash-attn-4. "
              "Ratios: speed over speed (≥ 1.0: the first is at least as fast).", "",
              "| dtype | D | causal | S | " + " | ".join(names) + " | fastest peer | cute_fa µs "

@@ -20,9 +20,9 @@ from ..arch import Arch
 from ..compile.cache import get_kernel
 from ..compile.keys import KernelKey, MergeKey
 from ..compile.registry import used_arguments
-from ..tuning import (DECODE_MAX_SEQLEN_Q, PREFILL_ONLY, auto_short_causal, bwd_head_splits,
+from ..tuning import (DECODE_MAX_SEQLEN_Q, PREFILL_ONLY, bwd_head_splits,
                       bwd_keys, decode_ctas_per_sm, decode_key, decode_rows_class, is_small_grid,
-                      kernel_key, num_splits_heuristic, sm90_persistent)
+                      kernel_key, num_splits_heuristic, sm90_long, sm90_persistent)
 from .call import RAGGED, AttentionCall, BackwardCall, MergeCall
 from .device import Device
 
@@ -169,18 +169,16 @@ def _forward(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
         return _decode(call, device, compile)
     over = _OVERRIDES[0]
     f = call.features
-    tiles = over.tile_arch or device.arch
     # what the route depends on besides the call's class: whether a causal grid fills the SMs
-    # once, whether 'auto' takes the short-causal kernel (tuning.auto_short_causal)
+    # once, whether the wgmma kernel takes its long calls' tile (tuning.sm90_long)
     small = f.causal and call.layout != RAGGED and is_small_grid(
         call.seqlen_q, call.heads_q, call.batch, device.num_sms)
-    short = call.backend == "auto" and auto_short_causal(tiles, call.head_dim, f.causal,
-                                                         call.seqlen_q)
+    long = sm90_long(call.head_dim, f.causal, call.seqlen_q)
     # whether a wgmma kernel of this call runs persistent, on one CTA per SM
     persist = call.layout != RAGGED and sm90_persistent(call.head_dim, f.causal, call.seqlen_q,
                                                         call.heads_q, call.batch, device.num_sms)
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
-             f.softcap > 0, call.layout, call.backend, small, short, persist, over, compile)
+             f.softcap > 0, call.layout, call.backend, small, long, persist, over, compile)
     found = _FORWARD.get(route)
     if found is None:
         key = kernel_key(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,

@@ -96,6 +96,8 @@ class RoundContext:
 
 
 class FlashFwdBase:
+    MASK_BITS = False  # `mask.apply_mask`'s bit-mask form (the wgmma kernel's)
+
     def __init__(self, key):
         cfg = key.tile
         self.cfg = cfg
@@ -306,7 +308,8 @@ class FlashFwdBase:
             at = ctx.mask_at
             mask.apply_mask(acc_S_mn, at.row_offsets, at.col_offsets, at.query0,
                             n_block * self.cfg.block_n + at.col0, ctx.seqlen.seqlen_k,
-                            ctx.causal_offset, self.causal, self.group, ctx.window_offset)
+                            ctx.causal_offset, self.causal, self.group, ctx.window_offset,
+                            self.MASK_BITS)
         return ctx.thr.softmax.step(acc_S_mn)
 
     def write_epilogue(self, ctx: RoundContext, sQ, mO, mLSE, tile, write_lse, tidx, scratch=None,

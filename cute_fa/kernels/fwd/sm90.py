@@ -53,6 +53,8 @@ TURN_BARRIER = 2
 
 
 class FlashFwdSm90(FlashFwdBase):
+    MASK_BITS = True
+
     def __init__(self, key: Sm90Key):
         wgmma.check_tile(key.tile)
         if key.kv_stages < 2:
