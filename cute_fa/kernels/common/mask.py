@@ -34,6 +34,17 @@ def count_at_most(limit, shape: tuple, n: int):
     return (cols // stride) * run + cutlass.min(cols % stride, run)
 
 
+def _runs_for_bits(col_offsets: tuple) -> tuple:
+    """run_shape of the offsets, which the bit-mask form needs: a ValueError at tracing if the
+    accumulator's columns are not runs (a layout the mask was not written for), not a slower
+    form chosen silently."""
+    shape = run_shape(col_offsets)
+    if shape is None:
+        raise ValueError(f"the bit-mask form of the mask needs column offsets in runs of "
+                         f"1, 2, 4 or 8 at a fixed stride, got {col_offsets}")
+    return shape
+
+
 @cute.jit
 def _low_bits(k):
     """A Uint32 whose k low bits are set, k in 0 ... 32 (a shift by 32 is not defined: k = 32
@@ -81,8 +92,8 @@ def apply_mask(acc_S_mn: cute.Tensor, row_offsets: cutlass.Constexpr, col_offset
     mma.sync kernels, at 255 registers, spill with it (up to 100 bytes in ptxas) and keep
     the branches.
     """
-    shape = run_shape(col_offsets)
-    if cutlass.const_expr(bitmask and shape is not None):
+    shape = _runs_for_bits(col_offsets) if bitmask else None
+    if cutlass.const_expr(bitmask):
         _apply_mask_bits(acc_S_mn, row_offsets, len(col_offsets), shape, query0, key0,
                          seqlen_k, causal_offset, causal, group, window_offset)
     else:
@@ -134,32 +145,20 @@ def apply_mask_transposed(acc_St_mn: cute.Tensor, row_offsets: cutlass.Constexpr
     Hopper backward's): -inf where the row's key is past seqlen_k, if causal where the
     column's query is before the first query that sees the key, with a window_offset where it
     is past the last one. Per row one or two limits, turned into a keep mask as in
-    `apply_mask` (or compared with the constant column offsets)."""
-    shape = run_shape(col_offsets)
+    `apply_mask`'s bit-mask form."""
+    shape = _runs_for_bits(col_offsets)
     n = len(col_offsets)
     for r in cutlass.range_constexpr(len(row_offsets)):
         key = key0 + row_offsets[r]
-        past_end = key >= seqlen_k
-        if cutlass.const_expr(shape is not None):
-            keep_from = None
-            keep_to = n - (n + 1) * cutlass.Int32(past_end)  # past the end: keep none
-            if cutlass.const_expr(causal):
-                keep_from = count_at_most(first_query_seeing(key, causal_offset) - query0 - 1,
-                                           shape, n)
-            if cutlass.const_expr(window_offset is not None):
-                keep_to = cutlass.min(keep_to, count_at_most(
-                    last_query_seeing(key, window_offset) - query0, shape, n))
-            _mask_row(acc_St_mn[r, None], n, keep_from, keep_to)
-        else:
-            for c in cutlass.range_constexpr(n):
-                hidden = past_end
-                if cutlass.const_expr(causal):
-                    hidden = hidden | (col_offsets[c] < first_query_seeing(key, causal_offset)
-                                       - query0)
-                if cutlass.const_expr(window_offset is not None):
-                    hidden = hidden | (col_offsets[c] > last_query_seeing(key, window_offset)
-                                       - query0)
-                acc_St_mn[r, c] = -cutlass.Float32.inf if hidden else acc_St_mn[r, c]
+        keep_from = None
+        keep_to = n - (n + 1) * cutlass.Int32(key >= seqlen_k)  # past the end: keep none
+        if cutlass.const_expr(causal):
+            keep_from = count_at_most(first_query_seeing(key, causal_offset) - query0 - 1,
+                                       shape, n)
+        if cutlass.const_expr(window_offset is not None):
+            keep_to = cutlass.min(keep_to, count_at_most(
+                last_query_seeing(key, window_offset) - query0, shape, n))
+        _mask_row(acc_St_mn[r, None], n, keep_from, keep_to)
 
 
 @cute.jit
