@@ -10,7 +10,7 @@ sm_120a and the TMA kernel on sm_90a and sm_120a, for every head_dim class, dtyp
 causality of the tile tables, plus the padded and eager cases), the wgmma kernel's shipped
 configurations on sm_90a (tests/test_compile_sm90.py), the backward's kernels of
 tests/test_compile_bwd.py, then a sample of feature and decode kernels (windows, softcap,
-ragged batches, small-grid and short-causal tiles, GQA packing, paged and seqused_k caches,
+ragged batches, small-grid tiles, the wgmma long-call tile, GQA packing, paged and seqused_k caches,
 split-KV, the merge, the deterministic and ragged backward). A kernel's file is named by its
 key's fields, which a move of its class does not change; its symbol is replaced, since it
 spells the kernel class's module path and argument types.
