@@ -174,10 +174,9 @@ SM90_TILES = {(64, False): (192, 128, 384), (64, True): (128, 128, 256),
               (256, False): (128, 80, 256), (256, True): (128, 80, 256)}
 # (head_dim class, causal) -> (fewest queries, tile): plain calls (no window, softcap or ragged
 # batch) of at least that many queries take this tile instead. Causal head_dim 64 on three
-# warpgroups compiles spill-free with the bit-mask form of the mask (`mask.apply_mask`); on the
-# H200 (docs/perf/2026-12-04-h200-mask/ab_tiles.json, by a rule written before the run) it ran
-# 1.02x-1.17x the two-warpgroup tile from 2k queries, 0.89x at 1k and 0.79x-0.90x on batch 1-4
-# prefill of 512-1024 queries, whose few 192-row CTAs leave SMs idle.
+# warpgroups, spill-free with the mask's bit-mask form, ran on the H200 1.02x-1.17x the
+# two-warpgroup tile from 2k queries, 0.89x at 1k, 0.79x-0.90x on batch 1-4 prefill of 512-1024
+# (idle SMs): docs/perf/2026-12-04-h200-mask/ab_tiles.json, by a rule written before the run.
 SM90_LONG_TILES = {(64, True): (2048, (192, 128, 384))}
 SM90_KV_STAGES = 2
 SM90_OVERLAP = True
@@ -200,9 +199,8 @@ def sm90_persistent(head_dim: int, causal: bool, seqlen_q: int, heads_q: int, ba
     """Whether 'auto' runs a plain dense call's wgmma kernel persistent on num_sms CTAs."""
     cls = head_dim_class(head_dim)
     lo, hi = SM90_PERSISTENT_SEQLEN.get(cls, (1, 0))  # every forward call asks: cheap first
-    return lo <= seqlen_q <= hi and -(-seqlen_q // sm90_tile(
-        "bfloat16", head_dim, causal, sm90_long(head_dim, causal, seqlen_q)).block_m) \
-        * heads_q * batch > num_sms
+    return lo <= seqlen_q <= hi and -(-seqlen_q // _sm90_tile_shape(
+        cls, causal, sm90_long(head_dim, causal, seqlen_q))[0]) * heads_q * batch > num_sms
 
 
 def sm90_long(head_dim: int, causal: bool, seqlen_q: int | None) -> bool:
@@ -211,11 +209,13 @@ def sm90_long(head_dim: int, causal: bool, seqlen_q: int | None) -> bool:
     return found is not None and seqlen_q is not None and seqlen_q >= found[0]
 
 
+def _sm90_tile_shape(cls: int, causal: bool, long: bool) -> tuple:  # (block_m, block_n, threads)
+    return SM90_LONG_TILES[cls, causal][1] if long else SM90_TILES[cls, causal]
+
+
 def sm90_tile(dtype: str, head_dim: int, causal: bool, long: bool = False) -> TileConfig:
     """The wgmma kernel's tile; long: SM90_LONG_TILES' (`sm90_long`'s calls)."""
-    cls = head_dim_class(head_dim)
-    block_m, block_n, threads = SM90_LONG_TILES[cls, causal][1] if long else \
-        SM90_TILES[cls, causal]
+    block_m, block_n, threads = _sm90_tile_shape(head_dim_class(head_dim), causal, long)
     return TileConfig(head_dim=head_dim, block_m=block_m, block_n=block_n,
                       num_threads=threads, dtype=dtype, wgmma=True)
 

@@ -4,7 +4,7 @@ one by one."""
 
 import pytest
 
-from cute_fa.kernels.common.mask import _runs_for_bits, count_at_most, run_shape
+from cute_fa.kernels.common.mask import bit_mask_runs, count_at_most, run_shape
 
 
 def _offsets(run, stride, n):
@@ -32,6 +32,7 @@ def test_run_shape_refuses_other_offsets():
 def test_the_bit_mask_form_refuses_other_offsets():
     """A kernel asking for the bit-mask form with columns not in runs fails at tracing, rather
     than getting another form of the mask silently."""
-    assert _runs_for_bits(_offsets(2, 8, 32)) == (2, 8)
-    with pytest.raises(ValueError, match=r"runs of 1, 2, 4 or 8 at a fixed stride, got \(0, 1, 8, 10\)"):
-        _runs_for_bits((0, 1, 8, 10))
+    assert bit_mask_runs(_offsets(2, 8, 32)) == (2, 8)
+    with pytest.raises(ValueError,
+                       match=r"runs of 1, 2, 4 or 8 at a fixed stride, got \(0, 1, 8, 10\)"):
+        bit_mask_runs((0, 1, 8, 10))

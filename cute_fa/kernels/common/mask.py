@@ -34,7 +34,7 @@ def count_at_most(limit, shape: tuple, n: int):
     return (cols // stride) * run + cutlass.min(cols % stride, run)
 
 
-def _runs_for_bits(col_offsets: tuple) -> tuple:
+def bit_mask_runs(col_offsets: tuple) -> tuple:
     """run_shape of the offsets, which the bit-mask form needs: a ValueError at tracing if the
     accumulator's columns are not runs (a layout the mask was not written for), not a slower
     form chosen silently."""
@@ -92,10 +92,9 @@ def apply_mask(acc_S_mn: cute.Tensor, row_offsets: cutlass.Constexpr, col_offset
     mma.sync kernels, at 255 registers, spill with it (up to 100 bytes in ptxas) and keep
     the branches.
     """
-    shape = _runs_for_bits(col_offsets) if bitmask else None
     if cutlass.const_expr(bitmask):
-        _apply_mask_bits(acc_S_mn, row_offsets, len(col_offsets), shape, query0, key0,
-                         seqlen_k, causal_offset, causal, group, window_offset)
+        _apply_mask_bits(acc_S_mn, row_offsets, col_offsets, query0, key0, seqlen_k,
+                         causal_offset, causal, group, window_offset)
     else:
         limit_past_end = seqlen_k - 1 - key0
         for r in cutlass.range_constexpr(len(row_offsets)):
@@ -119,11 +118,13 @@ def apply_mask(acc_S_mn: cute.Tensor, row_offsets: cutlass.Constexpr, col_offset
 
 
 @cute.jit
-def _apply_mask_bits(acc_S_mn, row_offsets: cutlass.Constexpr, n: cutlass.Constexpr,
-                     shape: cutlass.Constexpr, query0, key0, seqlen_k, causal_offset,
-                     causal: cutlass.Constexpr, group: cutlass.Constexpr, window_offset):
+def _apply_mask_bits(acc_S_mn, row_offsets: cutlass.Constexpr, col_offsets: cutlass.Constexpr,
+                     query0, key0, seqlen_k, causal_offset, causal: cutlass.Constexpr,
+                     group: cutlass.Constexpr, window_offset):
     """`apply_mask`'s bit-mask form: per row, the counts of columns before the window's lower
     edge and up to the causal edge or the sequence's end, then `_mask_row`."""
+    shape = bit_mask_runs(col_offsets)
+    n = len(col_offsets)
     limit_past_end = seqlen_k - 1 - key0
     for r in cutlass.range_constexpr(len(row_offsets)):
         query = QueryRows(group).query(query0 + row_offsets[r])
@@ -146,7 +147,7 @@ def apply_mask_transposed(acc_St_mn: cute.Tensor, row_offsets: cutlass.Constexpr
     column's query is before the first query that sees the key, with a window_offset where it
     is past the last one. Per row one or two limits, turned into a keep mask as in
     `apply_mask`'s bit-mask form."""
-    shape = _runs_for_bits(col_offsets)
+    shape = bit_mask_runs(col_offsets)
     n = len(col_offsets)
     for r in cutlass.range_constexpr(len(row_offsets)):
         key = key0 + row_offsets[r]
