@@ -251,12 +251,10 @@ TMA_TILE_EXCEPTIONS = {("sm_120", 128): (128, 32, 128)}
 # - The sm80 kernel: where it does, for either dtype, the kernel takes the first spill-free
 #   tile of: the plain tile with twice the warps (16 query rows per warp instead of 32), half
 #   the key block, a 64-row tile. (arch, backend, head_dim class, causal, (local, softcap,
-#   varlen)) -> (block_m, block_n, num_threads), written from ptxas on sm_80 and sm_90a
-#   (sm_120a's smaller tiles compile spill-free as they are); tests/test_compile_features.py
-#   compiles every entry. One kernel spills with every candidate: at head_dim 256, causal,
-#   with a softcap only (Gemma 2's global layers) on sm_90a, 16 bytes at 128x32; `auto` runs
-#   the TMA kernel there (AUTO_FEATURES). These tiles were not timed (on the H200 `auto` runs
-#   the TMA kernel at head_dim 64 and 128).
+#   varlen)) -> (block_m, block_n, num_threads), from ptxas on sm_80 and sm_90a (sm_120a's
+#   smaller tiles are spill-free as they are); tests/test_compile_features.py compiles each.
+#   One kernel spills with every candidate: head_dim 256, causal, softcap only, on sm_90a (16
+#   bytes at 128x32). These tiles were not timed (on the H200 prefill runs the wgmma kernel).
 # - The TMA kernel keeps its plain tile and spills up to FEATURE_SPILL_BUDGET bytes on sm_90a:
 #   the spill-free tile of twice the warps measured far slower on the H200
 #   (docs/perf/2026-12-01-h200-prefill/): a ragged batch at head_dim 128, 235 TFLOPs/s
@@ -308,22 +306,17 @@ def is_small_grid(seqlen_q: int, heads_q: int, batch: int, num_sms: int) -> bool
     return -(-seqlen_q // SMALL_GRID_BLOCK_M) * heads_q * batch < num_sms
 
 
-# (arch, head_dim class, causal, (local, softcap, varlen)) -> the backend 'auto' takes for a
-# feature kernel where it differs from AUTO's. Empty since the wgmma kernel: on sm_90a it runs
-# every prefill call (spill-free with every feature, tests/test_compile_sm90.py), so 'auto'
-# never reaches the one sm80 feature kernel that spills (FEATURE_TILES).
+# (arch, head_dim class, causal, (local, softcap, varlen)) -> 'auto''s backend for a feature
+# kernel where it is not AUTO's. Empty: on sm_90a the wgmma kernel runs every prefill call.
 AUTO_FEATURES: dict = {}
 SPILLING_FEATURE_KERNELS = {("sm_90a", "sm80", 256, True, (False, True, False)): 16}
-# Bytes of spill stores (and of loads) a feature kernel that keeps its plain tile may have:
-# the TMA kernel's (above; at most 44 bytes on sm_90a, none on sm_120a) and the decode
-# kernels' with a window or a softcap (at most 48 bytes, in some paged head_dim-64
-# configurations; their loads are memory-bound, and spilling to L1 costs them little).
+# Bytes of spill stores (and loads) a feature kernel that keeps its plain tile may have: the
+# TMA kernel's (at most 44 on sm_90a) and the decode kernels' with a window or softcap (at most
+# 48, some paged head_dim-64 ones: memory-bound, spilling to L1 costs them little).
 FEATURE_SPILL_BUDGET = 48
 
-# CTAs per SM the TMA kernel's K/V ring is sized for (default 2). head_dim 64 is sized for
-# three (3 stages instead of 4): the causal kernel's registers are capped for three CTAs
-# (REGISTER_CAP_CTAS below); the non-causal one gets ~210 registers, so two CTAs fit, and
-# 3 vs 4 stages measured no consistent difference there (run3-tma vs run4-tma in docs/perf/).
+# CTAs per SM the TMA kernel's K/V ring is sized for (default 2): three at head_dim 64, whose
+# causal kernel is capped for three (REGISTER_CAP_CTAS); 3 vs 4 stages measured the same.
 TMA_CTAS_PER_SM = {64: 3}
 
 # (arch, backend, head_dim class, causal) -> CTAs per SM the registers are capped for
@@ -401,35 +394,42 @@ DECODE_WARP_SPLIT_CTAS_PER_SM = {(64, 16): 3, (64, 32): 3, (128, 16): 3, (128, 3
 # 12-16 bytes in some feature combinations; capped for two it takes ~180-190, spill-free.
 DECODE_CTAS_PER_SM = {128: 2}
 
-# head_dim class -> K/V stages of the decode kernel's ring (at most; fewer where two CTAs' worth
-# does not fit the SM's shared memory); absent or 0: prefill's single K and V buffers (at
-# head_dim 192 and 256 the ring spills a few bytes on sm_120a, and it was not timed). On the H200 (10 decode shapes,
-# docs/perf/2026-12-01-h200-decode/sweep_stages.txt) 2 stages had the best geometric mean time,
-# by a few percent over 0 and 3; which one wins depends on the shape (0 at batch 32-64).
-# One-warp tiles of 16 packed rows (sweep_variants.txt) were faster at large batch and head_dim
-# 64 but slower at batch 1-4 and with Sq=4, so the 4-warp 64-row tile stays.
+# head_dim class -> K/V stages of the decode kernel's ring (at most: fewer where two CTAs' worth
+# does not fit the SM); absent: prefill's single K and V buffers (at 192 and 256 the ring spills
+# on sm_120a; not timed). On the H200 (docs/perf/2026-12-01-h200-decode/sweep_stages.txt) 2
+# stages had the best geometric mean, a few percent over 0 and 3 (0 won at batch 32-64).
 DECODE_KV_STAGES = {64: 2, 128: 2}
 
 # split-KV (flash-decoding): a call whose tiles (query blocks x K/V heads x batch) leave the GPU
 # partly idle has its keys split; `num_splits_heuristic` takes the fewest splits whose waves
-# are busy at least SPLIT_EFFICIENCY of the best split count's (a grid of 1.3 waves leaves most
-# SMs idle for the second), within at most MAX_SPLITS and at least a minimum of key blocks per
-# split (its Q load, epilogue and partial write are paid once per split), and never splits a
-# grid of MANY_WAVES waves or more. What a wave is depends on the grid, as measured on the H200
+# are busy at least SPLIT_EFFICIENCY of the best split count's, within MAX_SPLITS and at least
+# a minimum of key blocks per split (each split pays a Q load and a partial write), and never
+# splits a grid of MANY_WAVES waves or more. A wave, as measured on the H200
 # (docs/perf/2026-12-01-h200-decode-2/, 14 shapes):
 # - fewer tiles than SMs (small batch): one CTA per SM, at least MIN_BLOCKS_PER_SPLIT blocks
-#   each. A CTA's K/V ring keeps its SM's loads in flight on its own, and every split adds
-#   partial outputs to write and merge: at batch 1 and 32k keys, 16 splits of 8 K/V heads took
-#   46.7 µs, 45 (a wave of the 3 CTAs an SM holds) 53.4;
-# - at least as many tiles as SMs: a wave of every CTA an SM holds (`decode_ctas_per_sm`), and
-#   at least MIN_BLOCKS_PER_SPLIT_FULL blocks per split. Batch 64 at 8k keys (512 tiles on 396
-#   slots: 1.3 waves) went from 520 to 496 µs with 3 splits; with short splits (batch 32 at 2k
-#   keys, 10 blocks per split) the split lost 7%.
+#   each (a CTA's K/V ring keeps its SM's loads in flight on its own): at batch 1 and 32k
+#   keys, 16 splits of 8 K/V heads took 46.7 µs, 45 (3 CTAs per SM) 53.4;
+# - at least as many tiles as SMs: every CTA an SM holds (`decode_ctas_per_sm`), at least
+#   MIN_BLOCKS_PER_SPLIT_FULL blocks per split. Batch 64 at 8k keys (1.3 waves) went from 520
+#   to 496 µs with 3 splits; batch 32 at 2k keys (10 blocks per split) lost 7% split.
 SPLIT_EFFICIENCY = 0.9
 MIN_BLOCKS_PER_SPLIT = 4
 MIN_BLOCKS_PER_SPLIT_FULL = 16
 MAX_SPLITS = 128
 MANY_WAVES = 4
+# Split-KV in one launch (`Sm80Key.fused_merge`: each query block's last CTA merges) where that
+# merge is one round of loads (MERGE_SLICE floats of a row per thread) and the unsplit grid is
+# smaller than the GPU; else the merge kernel follows. H200 (2026-12-04-h200-decode-one-launch):
+# one launch 0.92x-1.00x two's time there, up to 1.59x with several rounds. "always"/"never":
+DECODE_FUSED_MERGE = "rule"  # one form forced (the tests, the A/B)
+MERGE_SLICE = 4  # kernels/fwd/merge.VEC
+
+
+def decode_fused_merge(key: Sm80Key, rows: int, tiles: int, num_sms: int) -> bool:
+    """rows: the packed rows of a query block of the call; tiles: its CTAs unsplit."""
+    if DECODE_FUSED_MERGE != "rule":
+        return DECODE_FUSED_MERGE == "always"
+    return tiles < num_sms and rows * key.tile.head_dim <= MERGE_SLICE * key.tile.num_threads
 
 # the longest query sequence a call takes: causal kernels put the query blocks on the grid's y
 # (longest first across heads), at most 65535 of them, of up to 64 rows (the small-grid tile)

@@ -1,8 +1,9 @@
 """A stand-in for the compiler and the launch, shared by the CPU tests of what the public
 functions hand each kernel: the `launches` fixture records (key, arguments) of every launch
 instead of compiling and running, with a GPU of arch sm_90a and 132 SMs stood in for the CPU
-tensors' device (and a CPU tensor for a persistent wgmma kernel's tile counter); `named_arguments` names a launch's arguments by its backend's registered
-list."""
+tensors' device (and CPU tensors for a persistent wgmma kernel's tile counter and a one-launch
+split-KV call's counters); `named_arguments` names a launch's arguments by its backend's
+registered list."""
 
 import pytest
 import torch
@@ -22,6 +23,8 @@ def launches(monkeypatch):
     monkeypatch.setattr(plan, "get_kernel", lambda key: key)
     monkeypatch.setattr(run, "no_lse", lambda device_index: no_lse)
     monkeypatch.setattr(run, "tile_counter", lambda device_index: counter)
+    monkeypatch.setattr(run, "split_counters",
+                        lambda device_index, count: torch.zeros(count, dtype=torch.int32))
     monkeypatch.setattr(run, "launch",
                         lambda device_index, kernel, args: recorded.append((kernel, args)))
     plan.clear_plans()

@@ -10,10 +10,11 @@ sm_120a and the TMA kernel on sm_90a and sm_120a, for every head_dim class, dtyp
 causality of the tile tables, plus the padded and eager cases), the wgmma kernel's shipped
 configurations on sm_90a (tests/test_compile_sm90.py), the backward's kernels of
 tests/test_compile_bwd.py, then a sample of feature and decode kernels (windows, softcap,
-ragged batches, small-grid tiles, the wgmma long-call tile, GQA packing, paged and seqused_k caches,
-split-KV, the merge, the deterministic and ragged backward). A kernel's file is named by its
-key's fields, which a move of its class does not change; its symbol is replaced, since it
-spells the kernel class's module path and argument types.
+ragged batches, small-grid tiles, the wgmma long-call tile, GQA packing, paged and seqused_k
+caches, split-KV in two launches and in one, the merge, the deterministic and ragged
+backward). A kernel's file is named by its key's fields, which a move of its class does not
+change; its symbol is replaced, since it spells the kernel class's module path and argument
+types.
 
 `compare` also accepts, as the same code, a kernel whose new PTX lacks one parameter that the
 old PTX declared and never read (an argument its key does not use, no longer passed).
@@ -65,6 +66,9 @@ def _feature_keys() -> list:
             out.append(decode_key(arch, "bfloat16", d, True, seqlen_q=sq, group=group,
                                   page_size=page, seqused_k=seqused, split_kv=split,
                                   local=local, softcap=softcap, varlen_q=vq, varlen_k=vk))
+        out.append(dataclasses.replace(decode_key(  # split-KV in one launch
+            arch, "bfloat16", 128, True, seqlen_q=1, group=4, page_size=64, seqused_k=True,
+            split_kv=True), fused_merge=True))
         out.append(MergeKey(arch, 128, "float32", "bfloat16"))
         out.append(MergeKey(arch, 64, "bfloat16", "bfloat16"))
         for d, causal, local, softcap, varlen, det in [

@@ -2,6 +2,7 @@
 kernel compile on the CPU for sm_80, sm_90a and sm_120a, without register spills, with the
 instructions they are made of; the keys `forward` builds for decode calls are these."""
 
+import dataclasses
 import re
 
 import pytest
@@ -53,6 +54,25 @@ def test_decode_kernel_compiles_without_spills(arch, features):
         assert "ex2.approx" in ptx and re.search(r"st\.global\.(v4\.b32|v2\.b64)", ptx)
     elif split_kv:  # float32 partials leave as 32-bit stores, not through smem as 16-bit O
         assert "st.global.b32" in ptx or "st.global.f32" in ptx
+    res = ptxas_resources(ptx, arch)
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("features", [f for f in FEATURES if f[-1]][:4],
+                         ids=lambda f: "-".join(map(str, f)))
+def test_one_launch_split_kernel_compiles_without_spills(arch, features):
+    """Split-KV in one launch (`Sm80Key.fused_merge`): the split kernel counts its CTAs in on a
+    per-block counter (an acquire-release atomic, behind GPU-scope fences), and its last CTA
+    merges (exp2 weights, the merged LSE's log) and puts the counter back; spill-free."""
+    head_dim, causal, seqlen_q, group, page_size, seqused_k, _ = features
+    key = dataclasses.replace(decode_key(arch, "bfloat16", head_dim, causal, seqlen_q=seqlen_q,
+                                         group=group, page_size=page_size, seqused_k=seqused_k,
+                                         split_kv=True), fused_merge=True)
+    ptx = compile_kernel(key, keep_ptx=True).__ptx__
+    assert re.search(r"^\s*atom\.global\.acq_rel(\.gpu)?\.add\.u32", ptx, re.M)
+    assert "fence.acq_rel.gpu" in ptx and "st.relaxed.gpu.global.b32" in ptx
+    assert "lg2.approx" in ptx
     res = ptxas_resources(ptx, arch)
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
 

@@ -191,8 +191,23 @@ def build(case, seed):
     return q, k, v, seqlens, (k_pool, v_pool), dict(kwargs, page_table=table)
 
 
+@pytest.fixture(params=["two-launches", "one-launch"])
+def merge_form(request, monkeypatch):
+    """Split-KV as two launches (the split kernel, then the merge kernel) or as one (the last
+    CTA of each query block merges, `Sm80Key.fused_merge`), forced on every split call
+    whatever `tuning.decode_fused_merge` would pick for it."""
+    from cute_fa import tuning
+    from cute_fa.runtime.plan import clear_plans
+
+    one = request.param == "one-launch"
+    monkeypatch.setattr(tuning, "DECODE_FUSED_MERGE", "always" if one else "never")
+    clear_plans()
+    yield one
+    clear_plans()
+
+
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_decode_grid(case):
+def test_decode_grid(case, merge_form):
     import cute_fa
 
     q, k, v, seqlens, (kc, vc), kwargs = build(case, seed=case.b * 1000 + case.sk + case.d)
@@ -220,7 +235,7 @@ SPLIT_CASES = {
 
 
 @pytest.mark.parametrize("name", SPLIT_CASES)
-def test_num_splits_agree_and_repeat_bitwise(name):
+def test_num_splits_agree_and_repeat_bitwise(name, merge_form):
     """Every forced split count gives the reference's answer (so they agree with each other
     within the tolerance), and each, run again, gives bitwise the same o and lse."""
     import cute_fa
@@ -240,6 +255,65 @@ def test_num_splits_agree_and_repeat_bitwise(name):
             first = o
         assert (o.double() - first.double()).abs().max().item() <= expected.tol, \
             f"num_splits={num_splits} vs num_splits=1"
+
+
+def _both_forms(monkeypatch, call):
+    """call() under two launches, then under one: the two results."""
+    from cute_fa import tuning
+    from cute_fa.runtime.plan import clear_plans
+
+    results = []
+    for form in ("never", "always"):
+        monkeypatch.setattr(tuning, "DECODE_FUSED_MERGE", form)
+        clear_plans()
+        results.append(call())
+    clear_plans()
+    return results
+
+
+@pytest.mark.parametrize("name", SPLIT_CASES)
+def test_one_launch_is_the_two_launches_bitwise(name, monkeypatch):
+    """The merge in the split kernel's last CTA (`fwd/merge.merge_if_last`) adds the same
+    partials in the same order as the merge kernel: bitwise the same o and lse, for every split
+    count, into poisoned outputs, and the counters it leaves behind let the next call (another
+    split count, another grid) run as well."""
+    import cute_fa
+
+    case = SPLIT_CASES[name]
+    q, k, v, seqlens, (kc, vc), kwargs = build(case, seed=78)
+    for num_splits in SPLITS[1:]:
+        (o2, lse2), (o1, lse1) = _both_forms(monkeypatch, lambda: cute_fa.forward(
+            q, kc, vc, return_lse=True, out=torch.full_like(q, NAN), num_splits=num_splits,
+            **kwargs))
+        assert torch.equal(o1, o2) and torch.equal(lse1, lse2), f"num_splits={num_splits}"
+
+
+def test_one_launch_on_two_streams_at_once(monkeypatch):
+    """Each stream has its own counters: calls queued on two streams at once (a long one on
+    each, then many short ones) give what they give one at a time."""
+    import cute_fa
+    from cute_fa import tuning
+    from cute_fa.runtime.plan import clear_plans
+
+    monkeypatch.setattr(tuning, "DECODE_FUSED_MERGE", "always")
+    clear_plans()
+    cases = [Case(2, 1, 30000, 16, 2, 128, True, BF16, None, None),
+             Case(3, 2, 5000, 8, 2, 64, True, BF16, 64, "random")]
+    built = [build(c, seed=20 + i) for i, c in enumerate(cases)]
+    alone = [cute_fa.forward(q, kc, vc, return_lse=True, num_splits=8, **kw)
+             for q, _, _, _, (kc, vc), kw in built]
+    streams = [torch.cuda.Stream() for _ in cases]
+    torch.cuda.synchronize()
+    together = [[] for _ in cases]
+    for _ in range(20):
+        for (q, _, _, _, (kc, vc), kw), stream, got in zip(built, streams, together):
+            with torch.cuda.stream(stream):
+                got.append(cute_fa.forward(q, kc, vc, return_lse=True, num_splits=8, **kw))
+    torch.cuda.synchronize()
+    for (o, lse), runs in zip(alone, together):
+        for o_s, lse_s in runs:
+            assert torch.equal(o_s, o) and torch.equal(lse_s, lse)
+    clear_plans()
 
 
 # --- paged caches: page sizes, pages never named ----------------------------------------------

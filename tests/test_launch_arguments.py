@@ -3,6 +3,8 @@ one argument per entry of the kernel's registered argument list, in that order, 
 prefill kernels, an unsplit decode call, and a split one with its merge; None exactly where
 the kernel's key does not take the argument (as it was compiled), a value everywhere else."""
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -62,7 +64,10 @@ def test_decode_unsplit_paged(launches):
     assert named["num_splits"] is None
 
 
-def test_decode_split_then_merge(launches):
+def test_decode_split_then_merge(launches, monkeypatch):
+    from cute_fa import tuning
+
+    monkeypatch.setattr(tuning, "DECODE_FUSED_MERGE", "never")
     recorded, held = launches
     q, k, v = qkv(sq=1, sk=4096)
     user_out = torch.empty_like(q)
@@ -78,6 +83,84 @@ def test_decode_split_then_merge(launches):
     assert merge_key.in_dtype == "float32" and merge_key.out_dtype == "bfloat16"
     assert merged["o_parts"].shape == (5, 2, 1, 8, 64)
     assert merged["out"] is user_out and merged["lse"] is held and merged["write_lse"] == 0
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_decode_split_in_one_launch(launches, monkeypatch, return_lse):
+    """Where split-KV is one launch (`Sm80Key.fused_merge`), the split kernel alone runs: it
+    writes the partials and, in its last CTA per query block, the user's out and lse, and it
+    takes the stream's counters, one per query block (batch 2 x 2 K/V heads x one block of the
+    4 packed rows of a query's GQA group)."""
+    from cute_fa import tuning
+    from cute_fa.runtime import run
+
+    asked = []
+    counters = torch.zeros(64, dtype=torch.int32)
+    monkeypatch.setattr(tuning, "DECODE_FUSED_MERGE", "always")
+    monkeypatch.setattr(run, "split_counters",
+                        lambda device_index, count: asked.append(count) or counters)
+    recorded, held = launches
+    q, k, v = qkv(sq=1, sk=4096)
+    user_out = torch.empty_like(q)
+    got = cute_fa.forward(q, k, v, causal=True, num_splits=5, out=user_out,
+                          return_lse=return_lse)
+    (key, args), = recorded
+    _takes_exactly_what_its_key_uses(key, args)
+    named = _named(key, args)
+    assert key.split_kv and key.fused_merge and key.pack_gqa == 4
+    assert named["num_splits"] == 5 and named["write_lse"] == 1
+    assert named["out"].dtype == torch.float32 and named["out"].shape == (5 * 2, 1, 8, 64)
+    assert named["lse"].shape == (5 * 2, 8, 1)
+    assert named["merged_out"] is user_out and named["split_counters"] is counters
+    assert asked == [2 * 2 * 1]
+    if return_lse:
+        assert named["merged_lse"] is got[1] and named["write_merged_lse"] == 1
+        assert got[1].shape == (2, 8, 1)
+    else:
+        assert named["merged_lse"] is held and named["write_merged_lse"] == 0
+
+
+@pytest.mark.parametrize("batch, seqlen_q, heads_q, heads_kv, head_dim, one", [
+    (1, 1, 32, 8, 128, True),     # 4 rows x 128 columns: one 4-float slice per thread
+    (1, 4, 32, 8, 128, False),    # 16 rows: four rounds of loads in the last CTA
+    (1, 4, 32, 8, 64, False),     # 16 x 64: two rounds
+    (1, 2, 32, 8, 64, True),      # 8 x 64: one
+    (1, 1, 16, 16, 256, True),    # MHA: one row per block
+    (64, 1, 32, 8, 128, False),   # 512 CTAs unsplit: not fewer than the 132 SMs
+    (16, 1, 32, 8, 128, True),    # 128 CTAs unsplit
+    (17, 1, 32, 8, 128, False),   # 136
+])
+def test_which_split_calls_take_one_launch(launches, batch, seqlen_q, heads_q, heads_kv,
+                                           head_dim, one):
+    """`tuning.decode_fused_merge`'s rule, as shipped: one launch where the last CTA merges
+    its block's rows in one round (rows x head_dim at most 4 floats x 128 threads) and the
+    unsplit grid has fewer CTAs than the GPU's 132 SMs; else the split kernel, then the
+    merge kernel."""
+    recorded, _ = launches
+    q = torch.randn(batch, seqlen_q, heads_q, head_dim, dtype=torch.bfloat16)
+    k = torch.randn(batch, 256, heads_kv, head_dim, dtype=torch.bfloat16)
+    cute_fa.forward(q, k, k, causal=True, num_splits=3)
+    assert recorded[0][0].tile.num_threads == 128
+    assert [key.backend for key, _ in recorded] == (["sm80"] if one else ["sm80", "merge"])
+    assert recorded[0][0].fused_merge == one
+
+
+def test_merge_slice_is_the_kernels():
+    from cute_fa.kernels.fwd import merge
+    from cute_fa.tuning import MERGE_SLICE
+
+    assert MERGE_SLICE == merge.VEC
+
+
+def test_fused_merge_needs_dense_split_kv():
+    from cute_fa.tuning import decode_key
+
+    key = decode_key("sm_90a", "bfloat16", 64, True, seqlen_q=1, group=4, page_size=0,
+                     seqused_k=False, split_kv=False)
+    with pytest.raises(ValueError, match="fused_merge"):
+        dataclasses.replace(key, fused_merge=True)
+    with pytest.raises(ValueError, match="fused_merge"):
+        dataclasses.replace(key, split_kv=True, varlen_q=True, fused_merge=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])

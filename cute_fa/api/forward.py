@@ -144,8 +144,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     seqused_k an entry has max_pages_per_seq * page_size keys.
     The values inside seqused_k and page_table are trusted (checking them needs a device
     sync); set CUTE_FA_CHECK_INDICES=1 to have every call check them.
-    num_splits: how many CTAs share one query block's keys (split-KV, merged by
-    `merge_attention`'s kernel); None picks it (tuning.num_splits_heuristic), 1 never splits.
+    num_splits: how many CTAs share one query block's keys (split-KV, merged by the last of
+    them where `tuning.decode_fused_merge` says so, else by `merge_attention`'s kernel); None
+    picks it (tuning.num_splits_heuristic), 1 never splits.
     Calls with at most 16 queries per sequence pack the query heads of a GQA group into one
     tile, so K and V are read once per group.
 

@@ -14,6 +14,7 @@ import json
 import time
 from pathlib import Path
 
+from .. import tuning
 from .common import (PEERS, cell, error_lines, fastest_peer, first, flash_attn_4, hbm_peak_tbps,
                      label, peer_fields, ratio, ratio_summary, run_info, sdpa_peer,
                      small_call_lines, small_calls, time_each, timer_note, times_cell,
@@ -356,6 +357,11 @@ def decode_markdown(result: dict) -> str:
              "on that row; `vs fastest peer`: its time ÷ cute_fa's (cute_fa's speed over its; "
              "≥ 1.0: cute_fa at least as fast); `paged/dense`: cute_fa paged's time ÷ cute_fa "
              "dense's.", ""]
+    if "split_kv_one_launch" in result:
+        lines += ["Split-KV calls (`num_splits` > 1): `tuning.DECODE_FUSED_MERGE` = "
+                  f"{result['split_kv_one_launch']!r}: one launch (each query block's last CTA "
+                  "merges the partials) where `tuning.decode_fused_merge` says so, else the "
+                  "split kernel and then the merge kernel.", ""]
     if result.get("l2_bytes"):
         lines += [f"K/V under the L2's {result['l2_bytes'] / 2**20:.0f} MB can still be partly "
                   "served from it despite the flush writes; their TB/s is not an HBM figure.", ""]
@@ -469,6 +475,7 @@ def main(out_dir: str, quick: bool = False) -> dict:
     result = dict(run_info(torch), reps="5-25", dtype=DECODE_DTYPE, causal=True,
                   l2_bytes=getattr(props, "L2_cache_size", None))
     result["hbm_peak_tbps"] = hbm_peak_tbps(result["device"])
+    result["split_kv_one_launch"] = tuning.DECODE_FUSED_MERGE
     t = time.perf_counter()
     result["rows"], result["skipped"] = decode_results(torch, quick=quick)
     result["seconds"] = time.perf_counter() - t

@@ -43,13 +43,17 @@ class Sm80Key(KernelKey):
     per K/V head share a tile (1: no packing); split_kv writes float32 partial O and LSE per
     key split, for `merge_attention`; page_size > 0 reads K/V from a paged cache through a page
     table; seqused_k takes each batch entry's key count from a tensor. kv_stages 0: one K
-    and one V buffer; >= 2: a ring of that many K/V stages loading whole rounds ahead."""
+    and one V buffer; >= 2: a ring of that many K/V stages loading whole rounds ahead.
+    fused_merge (with split_kv): the last CTA of a query block to finish merges the splits'
+    partials into the call's output itself (`fwd/merge.merge_if_last`), so split-KV is one
+    launch instead of the split kernel and the merge kernel."""
 
     kv_stages: int = 0
     pack_gqa: int = 1
     split_kv: bool = False
     page_size: int = 0
     seqused_k: bool = False
+    fused_merge: bool = False
     backend: ClassVar[str] = "sm80"
 
     def __post_init__(self):
@@ -62,6 +66,9 @@ class Sm80Key(KernelKey):
         if self.page_size < 0 or self.page_size % 16:
             raise ValueError(f"page_size must be 0 or a positive multiple of 16, "
                              f"got {self.page_size}")
+        if self.fused_merge and not (self.split_kv and not self.varlen_q):
+            raise ValueError("fused_merge merges the splits of split_kv into a dense output: "
+                             "it needs split_kv and no varlen_q")
 
 
 @dataclass(frozen=True)

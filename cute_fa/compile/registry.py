@@ -44,7 +44,9 @@ def _args(*specs) -> tuple:
 # scalars. The window's sides come with a sliding window (`local`), the softcap with a softcap,
 # the ragged batch's cu_seqlens int32 (batch + 1,) and longest query with a ragged batch, and
 # the cp.async kernel's decode arguments (seqused_k int32 (batch,), page_table int32 (batch,
-# pages per sequence), the split count) with their key fields. The launch adds the stream.
+# pages per sequence), the split count; with fused_merge the call's own O and LSE, whether to
+# write that LSE, and int32 counters, one per query block) with their key fields. The launch
+# adds the stream.
 _FORWARD = (("q", "qkvo"), ("k", "qkvo"), ("v", "qkvo"), ("out", "out"), ("lse", "lse"),
             ("softmax_scale", "float32"), ("causal_offset", "int32", ("causal", "local")),
             ("write_lse", "int32"),
@@ -59,7 +61,11 @@ FORWARD_ARGUMENTS = _args(*_FORWARD)
 SM90_ARGUMENTS = _args(*_FORWARD, ("tile_counter", "int32_vector", ("dynamic_tiles",)))
 DECODE_ARGUMENTS = _args(*_FORWARD, ("seqused_k", "int32_vector", ("seqused_k",)),
                          ("page_table", "int32_matrix", ("page_size",)),
-                         ("num_splits", "int32", ("split_kv",)))
+                         ("num_splits", "int32", ("split_kv",)),
+                         ("merged_out", "qkvo", ("fused_merge",)),
+                         ("merged_lse", "lse", ("fused_merge",)),
+                         ("write_merged_lse", "int32", ("fused_merge",)),
+                         ("split_counters", "int32_vector", ("fused_merge",)))
 
 # the merge: O parts (parts, batch, seqlen, heads, head_dim), LSE parts float32 (parts, batch,
 # heads, seqlen), the merged O (batch, seqlen, heads, head_dim) and LSE, write_lse

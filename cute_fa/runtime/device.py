@@ -82,6 +82,24 @@ def tile_counter(device_index: int) -> torch.Tensor:
     return held
 
 
+_SPLIT_COUNTERS: dict = {}
+
+
+def split_counters(device_index: int, count: int) -> torch.Tensor:
+    """At least `count` int32 counters of a one-launch split-KV call (`Sm80Key.fused_merge`),
+    one per query block, on the current stream of cuda:device_index: zero between launches
+    (each block's last CTA puts its counter back), so the launches queued on a stream take
+    them in turn; each stream has its own. Grown by doubling; a replaced buffer is freed in
+    stream order, after the launches queued before."""
+    stream = torch.cuda.current_stream(device_index).cuda_stream
+    held = _SPLIT_COUNTERS.get((device_index, stream))
+    if held is None or held.numel() < count:
+        size = max(count, 2 * held.numel() if held is not None else 1024)
+        held = _SPLIT_COUNTERS[(device_index, stream)] = torch.zeros(
+            size, device=f"cuda:{device_index}", dtype=torch.int32)
+    return held
+
+
 def no_lse(device_index: int) -> torch.Tensor:
     """The LSE tensor of a launch that returns none (write_lse = 0: never written)."""
     held = _NO_LSE.get(device_index)

@@ -30,6 +30,10 @@ class ForwardArgs(NamedTuple):
     seqused_k: object = None
     page_table: object = None
     num_splits: int | None = None
+    merged_out: object = None
+    merged_lse: object = None
+    write_merged_lse: int | None = None
+    split_counters: object = None
 
 
 # the wgmma kernel's: the first 14 of ForwardArgs (no decode arguments), then a persistent

@@ -21,7 +21,8 @@ from ..compile.cache import get_kernel
 from ..compile.keys import KernelKey, MergeKey
 from ..compile.registry import used_arguments
 from ..tuning import (DECODE_MAX_SEQLEN_Q, PREFILL_ONLY, bwd_head_splits,
-                      bwd_keys, decode_ctas_per_sm, decode_key, decode_rows_class, is_small_grid,
+                      bwd_keys, decode_ctas_per_sm, decode_fused_merge, decode_key,
+                      decode_rows_class, is_small_grid,
                       kernel_key, num_splits_heuristic, sm90_long, sm90_persistent)
 from .call import RAGGED, AttentionCall, BackwardCall, MergeCall
 from .device import Device
@@ -33,7 +34,8 @@ class ForwardPlan(NamedTuple):
     """key: the kernel that runs (with splits: the split kernel, writing float32 partials);
     kernel: its compiled function (None when planned with compile=False); used: which of its
     backend's arguments it takes (`compile.registry.used_arguments`); num_splits: 1 for an
-    unsplit call, else the merge's key and compiled function."""
+    unsplit call, else the merge's key and compiled function (None where the split kernel
+    merges its partials itself, `Sm80Key.fused_merge`)."""
 
     key: KernelKey
     kernel: object
@@ -114,7 +116,7 @@ def tile_arch() -> str | None:
 
 # one cache per kind of plan, each by the call's route
 _FORWARD: dict = {}  # prefill -> ForwardPlan
-_DECODE: dict = {}  # decode -> (base key, CTAs per SM, {num_splits: ForwardPlan})
+_DECODE: dict = {}  # decode -> (base key, CTAs per SM, {(num_splits, one launch): ForwardPlan})
 _BACKWARD_MAIN: dict = {}  # -> the unsplit main kernel's key (which decides the split)
 _BACKWARD: dict = {}  # route + (head splits,) -> BackwardPlan
 _MERGE: dict = {}  # -> MergePlan
@@ -211,26 +213,30 @@ def _decode(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
         key = _changed(key, over.changes)
         held = _DECODE[route] = (key, decode_ctas_per_sm(key, over.tile_arch or device.arch), {})
     base, ctas_per_sm, plans = held
+    tiles, key_blocks = _tiles(call, base)
     num_splits = call.num_splits
     if num_splits is None:
-        num_splits = 1 if call.seqlen_q > DECODE_MAX_SEQLEN_Q or ragged_q else _splits(
-            call, base, device, ctas_per_sm)
-    found = plans.get(num_splits)
+        num_splits = 1 if call.seqlen_q > DECODE_MAX_SEQLEN_Q or ragged_q else \
+            num_splits_heuristic(tiles, key_blocks, device.num_sms, ctas_per_sm)
+    fused = num_splits > 1 and not ragged_q and decode_fused_merge(
+        base, min(call.seqlen_q * base.pack_gqa, base.tile.block_m), tiles, device.num_sms)
+    found = plans.get((num_splits, fused))
     if found is None:
         if num_splits == 1:
             found = ForwardPlan(base, _compiled(base, compile), used_arguments(base))
         else:
-            key = dataclasses.replace(base, split_kv=True, lpt=False)
-            merge = MergeKey(device.arch, call.head_dim, "float32", DTYPE_NAMES[call.dtype])
+            key = dataclasses.replace(base, split_kv=True, lpt=False, fused_merge=fused)
+            merge = None if fused else MergeKey(device.arch, call.head_dim, "float32",
+                                                DTYPE_NAMES[call.dtype])
             found = ForwardPlan(key, _compiled(key, compile), used_arguments(key), num_splits,
-                                merge, _compiled(merge, compile))
-        plans[num_splits] = found
+                                merge, merge and _compiled(merge, compile))
+        plans[(num_splits, fused)] = found
     return found
 
 
-def _splits(call: AttentionCall, key, device: Device, ctas_per_sm: int) -> int:
-    """`tuning.num_splits_heuristic` for this call: its CTAs without splitting, and the key
-    blocks its queries see (a window's keys, where it has one)."""
+def _tiles(call: AttentionCall, key) -> tuple:
+    """(CTAs of the call unsplit, key blocks its queries see: a window's keys, where it has
+    one), what `tuning.num_splits_heuristic` and `tuning.decode_fused_merge` weigh."""
     cfg = key.tile
     m_blocks = -(-call.seqlen_q * key.pack_gqa // cfg.block_m)
     heads = call.heads_kv if key.pack_gqa > 1 else call.heads_q
@@ -238,8 +244,7 @@ def _splits(call: AttentionCall, key, device: Device, ctas_per_sm: int) -> int:
     if call.features.local:
         f = call.features
         keys = min(keys, f.window_left + call.seqlen_q + f.window_right)
-    return num_splits_heuristic(m_blocks * heads * call.batch, -(-keys // cfg.block_n),
-                                device.num_sms, ctas_per_sm)
+    return m_blocks * heads * call.batch, -(-keys // cfg.block_n)
 
 
 def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan:

@@ -9,7 +9,7 @@ import torch
 
 from ..layouts.config import dq_accum_blocks
 from .call import RAGGED, AttentionCall, BackwardCall
-from .device import launch, no_lse, tile_counter
+from .device import launch, no_lse, split_counters, tile_counter
 from .launch import (BwdArgs, BwdKvPostArgs, BwdPostArgs, BwdPrepArgs, ForwardArgs, MergeArgs,
                      Sm90Args, for_kernel)
 from .plan import BackwardPlan, ForwardPlan, MergePlan
@@ -80,6 +80,14 @@ def run_forward(call: AttentionCall, plan: ForwardPlan, q, k, v, out=None, *, cu
                        lse_parts.view(splits * batch, heads, seqlen_q), call.softmax_scale,
                        call.causal_offset, 1, f.window_left, f.window_right, f.softcap,
                        cu_seqlens_q, cu_seqlens_k, call.seqlen_q, seqused_k, page_table, splits)
+    key = plan.key
+    if key.fused_merge:  # one launch: each query block's last CTA merges (one counter each)
+        blocks = -(-seqlen_q * key.pack_gqa // key.tile.block_m) * batch * (
+            call.heads_kv if key.pack_gqa > 1 else heads)
+        args = args._replace(merged_out=out4, merged_lse=lse4, write_merged_lse=int(return_lse),
+                             split_counters=split_counters(call.device_index, blocks))
+        launch(call.device_index, plan.kernel, for_kernel(args, plan.used))
+        return out, lse
     launch(call.device_index, plan.kernel, for_kernel(args, plan.used))
     launch(call.device_index, plan.merge,
            MergeArgs(o_parts, lse_parts, out4, lse4, int(return_lse)))

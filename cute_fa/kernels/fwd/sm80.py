@@ -31,7 +31,8 @@ are (query, head) pairs of one K/V head's group, `work.QueryRows`; each row's ad
 shifted base row's), a paged K/V cache (K, V (pages, page_size, Hk, D) and a page table: each
 copied row is shifted from page 0 to its page), per-entry key counts (seqused_k), split-KV (a
 range of key blocks per CTA, float32 partial O and LSE into (split x batch)-indexed outputs for
-`fwd/merge.py`), a ring of K/V stages that loads whole rounds ahead, and a tile whose warps
+`fwd/merge.py`; with fused_merge the last CTA of each query block merges them itself,
+`merge.merge_if_last`), a ring of K/V stages that loads whole rounds ahead, and a tile whose warps
 split each K/V tile's keys as well as the rows (`TileConfig.warps_split_keys`: 16 or 32 packed
 rows, each warp's MMAs, mask and online softmax over its slab's 16 rows and its own slice of the
 keys, `smem.warp_tiles`, the warps' O, max and sum combined in shared memory by
@@ -54,6 +55,7 @@ from ..common.gemm import gemm_ldmatrix
 from ..common.loads import copy_row
 from ..common.softmax import score_scales
 from ..common.thread_mma import thread_mma
+from .merge import merge_if_last
 from ..sched.seqlen import SeqlenInfo, shifted
 
 
@@ -92,6 +94,7 @@ class FlashFwdSm80(FlashFwdBase):
     def __init__(self, key):
         super().__init__(key)
         self.kv_stages = key.kv_stages
+        self.fused_merge = key.fused_merge
         if self.cfg.warps_split_keys:
             needed = epilogue.warp_combine_bytes(self.cfg)
             held = self.cfg.smem_bytes(max(self.kv_stages, 1))
@@ -107,7 +110,9 @@ class FlashFwdSm80(FlashFwdBase):
                  mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
                  max_seqlen_q: Optional[cutlass.Int32], mSeqUsedK: Optional[cute.Tensor],
                  mPageTable: Optional[cute.Tensor], num_splits: Optional[cutlass.Int32],
-                 stream):
+                 mOMerged: Optional[cute.Tensor], mLSEMerged: Optional[cute.Tensor],
+                 write_merged_lse: Optional[cutlass.Int32],
+                 mSplitCounters: Optional[cute.Tensor], stream):
         """The optional arguments are those the key asks for (`compile.registry`), None
         elsewhere."""
         cfg = self.cfg
@@ -119,7 +124,8 @@ class FlashFwdSm80(FlashFwdBase):
         self._launch(self.kernel(mQ, mK, mV, mO, mLSE, scale_log2, causal_offset,
                                  write_lse, sQ_layout, sKV_layout, SharedStorage, mSeqUsedK,
                                  mPageTable, num_splits, mCuSeqlensQ, mCuSeqlensK, window_left,
-                                 window_right, softcap_scale),
+                                 window_right, softcap_scale, mOMerged, mLSEMerged,
+                                 write_merged_lse, mSplitCounters),
                      grid, SharedStorage, stream)
 
     @cute.kernel
@@ -130,7 +136,10 @@ class FlashFwdSm80(FlashFwdBase):
                mSeqUsedK: Optional[cute.Tensor], mPageTable: Optional[cute.Tensor],
                num_splits: Optional[cutlass.Int32], mCuSeqlensQ: Optional[cute.Tensor],
                mCuSeqlensK: Optional[cute.Tensor], window_left: Optional[cutlass.Int32],
-               window_right: Optional[cutlass.Int32], softcap_scale: Optional[cutlass.Float32]):
+               window_right: Optional[cutlass.Int32], softcap_scale: Optional[cutlass.Float32],
+               mOMerged: Optional[cute.Tensor], mLSEMerged: Optional[cute.Tensor],
+               write_merged_lse: Optional[cutlass.Int32],
+               mSplitCounters: Optional[cute.Tensor]):
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
@@ -239,6 +248,12 @@ class FlashFwdSm80(FlashFwdBase):
             scratch = storage.sQ.get_tensor(
                 cute.make_layout(epilogue.warp_combine_bytes(cfg) // 4), dtype=cutlass.Float32)
         self.write_epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx, scratch, warp)
+        if cutlass.const_expr(self.fused_merge):
+            # one int32 of shared memory past every thread's last use of it (the barrier in
+            # merge_if_last comes first)
+            sFlag = storage.sQ.get_tensor(cute.make_layout(1), dtype=cutlass.Int32)
+            merge_if_last(cfg, self.rows, tile, seqlen.seqlen_q, mO, mLSE, mOMerged, mLSEMerged,
+                          write_merged_lse, mSplitCounters, num_splits, mQ.shape[0], sFlag, tidx)
 
     @cute.jit
     def _load_kv(self, ld: "Sm80Loads", tXgX: cute.Tensor, tXsX: cute.Tensor, n_block, seqlen_k,
