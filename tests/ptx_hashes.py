@@ -93,8 +93,11 @@ def keys() -> list:
 
 
 def describe(key) -> str:
-    """The key's backend and fields: the same across a move of the kernel's class."""
-    fields = {f.name: getattr(key, f.name) for f in dataclasses.fields(key)}
+    """The key's backend and its fields, those at their default value left out: the same
+    across a move of the kernel's class, and across a new key field whose default keeps the
+    old kernels (so `compare` pairs a dump from before such a field with one from after)."""
+    fields = {f.name: getattr(key, f.name) for f in dataclasses.fields(key)
+              if f.default is dataclasses.MISSING or getattr(key, f.name) != f.default}
     return key.backend + " " + repr(sorted((k, repr(v)) for k, v in fields.items()))
 
 
