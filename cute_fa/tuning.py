@@ -420,8 +420,8 @@ MANY_WAVES = 4
 # Split-KV in one launch (`Sm80Key.fused_merge`: each query block's last CTA merges) where that
 # merge is one round of loads (MERGE_SLICE floats of a row per thread) and the unsplit grid is
 # smaller than the GPU; else the merge kernel follows. H200 (2026-12-04-h200-decode-one-launch):
-# one launch 0.92x-1.00x two's time there, up to 1.59x with several rounds. "always"/"never":
-DECODE_FUSED_MERGE = "rule"  # one form forced (the tests, the A/B)
+# one launch took 0.91x-1.00x two's time there, up to 1.63x with several rounds of loads.
+DECODE_FUSED_MERGE = "rule"  # "always" / "never": one form forced (the tests, the A/B)
 MERGE_SLICE = 4  # kernels/fwd/merge.VEC
 
 

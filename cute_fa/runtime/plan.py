@@ -213,7 +213,7 @@ def _decode(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
         key = _changed(key, over.changes)
         held = _DECODE[route] = (key, decode_ctas_per_sm(key, over.tile_arch or device.arch), {})
     base, ctas_per_sm, plans = held
-    tiles, key_blocks = _tiles(call, base)
+    tiles, key_blocks = unsplit_grid(call, base)
     num_splits = call.num_splits
     if num_splits is None:
         num_splits = 1 if call.seqlen_q > DECODE_MAX_SEQLEN_Q or ragged_q else \
@@ -229,14 +229,15 @@ def _decode(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
             merge = None if fused else MergeKey(device.arch, call.head_dim, "float32",
                                                 DTYPE_NAMES[call.dtype])
             found = ForwardPlan(key, _compiled(key, compile), used_arguments(key), num_splits,
-                                merge, merge and _compiled(merge, compile))
+                                merge, None if fused else _compiled(merge, compile))
         plans[(num_splits, fused)] = found
     return found
 
 
-def _tiles(call: AttentionCall, key) -> tuple:
-    """(CTAs of the call unsplit, key blocks its queries see: a window's keys, where it has
-    one), what `tuning.num_splits_heuristic` and `tuning.decode_fused_merge` weigh."""
+def unsplit_grid(call: AttentionCall, key) -> tuple:
+    """(CTAs of the decode call on `key`'s tile unsplit: its query blocks, one counter each in
+    a one-launch split, key blocks its queries see: a window's keys, where it has one), what
+    `tuning.num_splits_heuristic` and `tuning.decode_fused_merge` weigh."""
     cfg = key.tile
     m_blocks = -(-call.seqlen_q * key.pack_gqa // cfg.block_m)
     heads = call.heads_kv if key.pack_gqa > 1 else call.heads_q

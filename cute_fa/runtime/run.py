@@ -12,7 +12,7 @@ from .call import RAGGED, AttentionCall, BackwardCall
 from .device import launch, no_lse, split_counters, tile_counter
 from .launch import (BwdArgs, BwdKvPostArgs, BwdPostArgs, BwdPrepArgs, ForwardArgs, MergeArgs,
                      Sm90Args, for_kernel)
-from .plan import BackwardPlan, ForwardPlan, MergePlan
+from .plan import BackwardPlan, ForwardPlan, MergePlan, unsplit_grid
 
 
 def kernel_ready(t: torch.Tensor) -> torch.Tensor:
@@ -80,10 +80,8 @@ def run_forward(call: AttentionCall, plan: ForwardPlan, q, k, v, out=None, *, cu
                        lse_parts.view(splits * batch, heads, seqlen_q), call.softmax_scale,
                        call.causal_offset, 1, f.window_left, f.window_right, f.softcap,
                        cu_seqlens_q, cu_seqlens_k, call.seqlen_q, seqused_k, page_table, splits)
-    key = plan.key
-    if key.fused_merge:  # one launch: each query block's last CTA merges (one counter each)
-        blocks = -(-seqlen_q * key.pack_gqa // key.tile.block_m) * batch * (
-            call.heads_kv if key.pack_gqa > 1 else heads)
+    if plan.key.fused_merge:  # one launch: each query block's last CTA merges (a counter each)
+        blocks = unsplit_grid(call, plan.key)[0]
         args = args._replace(merged_out=out4, merged_lse=lse4, write_merged_lse=int(return_lse),
                              split_counters=split_counters(call.device_index, blocks))
         launch(call.device_index, plan.kernel, for_kernel(args, plan.used))
