@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="which kernel to compile; auto: what forward() picks on that arch")
     p_pre.add_argument("--decode-groups", default="",
                        help="comma-separated GQA ratios (query heads per K/V head) whose decode "
-                            "kernels to compile too, e.g. 4,8")
+                            "kernels (and packed GQA prefill kernels) to compile too, e.g. 4,8")
     p_pre.add_argument("--page-sizes", default="",
                        help="with --decode-groups: comma-separated page sizes of a paged KV "
                             "cache, e.g. 64,256")

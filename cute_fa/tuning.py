@@ -2,13 +2,9 @@
 
 Each row is tried in order; the first whose shared memory fits the arch wins.
 (head_dim_max, causal) -> [(block_m, block_n, num_threads), ...]
-Tuned on the H200 (bf16, S = 1k and 8k, see docs/perf/): for the sm80 kernel 128x64 with
-4 warps beat 128x128 (4 or 8 warps), 64x128 and 128x64 with 8 warps at head_dim 64; at
-head_dim 128 it is not spill-free (32 query rows per warp: ptxas spills 8-96 bytes at 255
-registers), so the sm80 kernel takes 128x128 with 8 warps there (16 rows per warp, 220-250
-registers, no spills on sm_80, sm_90a or sm_120a). The TMA kernel keeps 128x64 with 4 warps
-(no cp.async addresses in its registers: spill-free). The smaller fallbacks are for the
-~100 KB of sm86/sm89/sm120.
+Tuned on the H200 (bf16, S = 1k and 8k, see docs/perf/). The sm80 kernel takes 128x128 with
+8 warps at head_dim 128, where 128x64 with 4 warps (32 query rows per warp) spills; the TMA
+kernel keeps 128x64 with 4 warps. The smaller fallbacks are for the ~100 KB of sm86/89/120.
 """
 
 from __future__ import annotations
@@ -98,7 +94,7 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
                lazy_rescale: bool = True, tile_arch: str | None = None, *,
                local: bool = False, softcap: bool = False, varlen: bool = False,
                small_grid: bool = False, seqlen_q: int | None = None,
-               persistent_sms: int = 0):
+               persistent_sms: int = 0, pack_gqa: int = 1):
     """The KernelKey `forward` compiles and launches for this problem.
 
     local, softcap, varlen: a sliding window's lower edge, a softcap, a ragged batch
@@ -106,7 +102,8 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
     but where FEATURE_TILES says otherwise. seqlen_q: the call's queries (`SM90_LONG_TILES`).
     small_grid: a causal call whose 128-row query blocks would not fill the GPU's SMs once
     (`is_small_grid`) takes SMALL_GRID_TILES' tile where the arch and backend have one.
-    persistent_sms: the wgmma kernel's plain key is persistent on that many CTAs (0: not).
+    persistent_sms: the wgmma kernel's plain key is persistent on that many CTAs (0: not);
+    pack_gqa: its plain dense key packs that many query heads per tile (`sm90_pack_gqa`).
 
     tile_arch (default: `arch`; `runtime.plan.tiles_of` forces one) is the arch whose tables choose
     the tile, K/V stages, register cap and 'auto' backend, while the kernel is compiled for
@@ -128,7 +125,8 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
         plain = not (local or softcap or varlen)
         return sm90_key(arch, dtype, head_dim, causal,
                         long=plain and sm90_long(head_dim, causal, seqlen_q),
-                        persistent=persistent_sms if plain else 0, **features)
+                        persistent=persistent_sms if plain else 0,
+                        pack_gqa=pack_gqa if plain else 1, **features)
     cfg = tile_config(tiles, dtype, head_dim, causal, backend)
     cap = REGISTER_CAP_CTAS.get((tiles, backend, head_dim_class(head_dim), causal), 0)
     feature_tile = FEATURE_TILES.get((tiles, backend, head_dim_class(head_dim), causal,
@@ -203,6 +201,22 @@ def sm90_persistent(head_dim: int, causal: bool, seqlen_q: int, heads_q: int, ba
         cls, causal, sm90_long(head_dim, causal, seqlen_q))[0]) * heads_q * batch > num_sms
 
 
+# (head_dim class, causal) -> (fewest, most queries) of the plain dense calls whose wgmma kernel
+# packs the GQA group into its tiles (`Sm90Key.pack_gqa`): fitted on run 1 of
+# docs/perf/2026-12-06-h200-pack-gqa by a rule written before it, kept where run 2 held it.
+SM90_PACK_GQA_SEQLEN: dict = {}
+
+
+def sm90_pack_gqa(head_dim: int, causal: bool, seqlen_q: int, heads_q: int,
+                  heads_kv: int) -> int:
+    """The query heads 'auto' packs into a plain dense call's wgmma tiles: the call's whole
+    GQA group where SM90_PACK_GQA_SEQLEN says and the group divides the tile's rows, else 1."""
+    cls, group = head_dim_class(head_dim), heads_q // heads_kv
+    lo, hi = SM90_PACK_GQA_SEQLEN.get((cls, causal), (1, 0))
+    block_m = _sm90_tile_shape(cls, causal, sm90_long(head_dim, causal, seqlen_q))[0]
+    return group if group > 1 and lo <= seqlen_q <= hi and block_m % group == 0 else 1
+
+
 def sm90_long(head_dim: int, causal: bool, seqlen_q: int | None) -> bool:
     """Whether a plain call of seqlen_q queries takes SM90_LONG_TILES' tile (None: no)."""
     found = SM90_LONG_TILES.get((head_dim_class(head_dim), causal))
@@ -249,17 +263,13 @@ TMA_TILE_EXCEPTIONS = {("sm_120", 128): (128, 32, 128)}
 # registers (the window's edges, the softcap's scale, the entry's offsets and lengths), and
 # ptxas, at 255 registers already for most plain kernels, then spills some of them.
 # - The sm80 kernel: where it does, for either dtype, the kernel takes the first spill-free
-#   tile of: the plain tile with twice the warps (16 query rows per warp instead of 32), half
-#   the key block, a 64-row tile. (arch, backend, head_dim class, causal, (local, softcap,
-#   varlen)) -> (block_m, block_n, num_threads), from ptxas on sm_80 and sm_90a (sm_120a's
-#   smaller tiles are spill-free as they are); tests/test_compile_features.py compiles each.
-#   One kernel spills with every candidate: head_dim 256, causal, softcap only, on sm_90a (16
-#   bytes at 128x32). These tiles were not timed (on the H200 prefill runs the wgmma kernel).
+#   tile of: the plain tile with twice the warps, half the key block, a 64-row tile. (arch,
+#   backend, head_dim class, causal, (local, softcap, varlen)) -> (block_m, block_n,
+#   num_threads), from ptxas on sm_80 and sm_90a (sm_120a's smaller tiles are spill-free);
+#   one kernel spills with every candidate (SPILLING_FEATURE_KERNELS). Not timed.
 # - The TMA kernel keeps its plain tile and spills up to FEATURE_SPILL_BUDGET bytes on sm_90a:
 #   the spill-free tile of twice the warps measured far slower on the H200
-#   (docs/perf/2026-12-01-h200-prefill/): a ragged batch at head_dim 128, 235 TFLOPs/s
-#   against 341 with the plain tile (16 bytes of spills), a 4k window at 32k tokens 322
-#   against 399.
+#   (docs/perf/2026-12-01-h200-prefill/).
 FEATURE_TILES: dict = {
     ('sm_80', 'sm80', 64, False, (False, True, False)): (128, 64, 256),
     ('sm_80', 'sm80', 64, False, (False, True, True)): (128, 64, 256),
@@ -291,10 +301,9 @@ FEATURE_TILES: dict = {
 }
 
 # Causal prefill calls too small to fill the GPU once with 128-row query blocks (fewer CTAs
-# than SMs: batch 1 at S = 512 with 32 query heads) run 64-row tiles, twice the CTAs. On the
-# H200 (docs/perf/2026-12-01-h200-prefill/ab_small_grid_tiles.json, TMA kernel, causal) the
-# 64x64 tile took such calls from 97 to 118 TFLOPs/s (32/8 heads, head_dim 128) and from 60 to
-# 79 (head_dim 64), and lost on every larger grid (0.6x-0.95x), 64x128 lost everywhere.
+# than SMs: batch 1 at S = 512 with 32 query heads) run 64-row tiles, twice the CTAs: on the
+# H200 1.2x-1.3x on such calls, slower on every larger grid
+# (docs/perf/2026-12-01-h200-prefill/ab_small_grid_tiles.json, TMA kernel, causal).
 # (arch, backend, head_dim class) -> tile; its K/V ring sized for SMALL_GRID_CTAS_PER_SM CTAs.
 SMALL_GRID_TILES = {("sm_90a", "tma", 64): (64, 64, 128), ("sm_90a", "tma", 128): (64, 64, 128)}
 SMALL_GRID_CTAS_PER_SM = 3
@@ -354,16 +363,10 @@ DECODE_TILES = {64: [(64, 128, 128), (64, 64, 128)], 128: [(64, 64, 128)],
 # head_dim class -> [(block_m, block_n, num_threads), ...]: decode tiles whose warps split the
 # keys as well as the rows (`TileConfig.warps_split_keys`), for calls whose packed rows
 # (queries x heads of a group) fit block_m: the smallest that holds them is taken. One query of
-# a 32/8 or 64/8 GQA model is 4-8 rows: a 64-row tile of 16 rows per warp holds them in one
-# warp while three others read every key for padding; here the 4 warps of a 16-row tile each
-# take a quarter of every K/V tile's keys (two warps per 16-row slab for 32 rows) and combine
-# their partial softmax results at the end. On the H200 (14 shapes,
-# docs/perf/2026-12-01-h200-decode-2/sweep1_tiles_stages.txt) the 16-row tile took 119.8 ->
-# 108.8 µs geometric mean against the 64-row one; 128-key stages at head_dim 128 measured the
-# same, 3 ring stages 1-2% faster on some shapes and slower on others; two 16-row CTAs per
-# group of 32 rows, each reading K/V, measured slower than the 64-row tile (sweep5), the 32-row
-# tile faster: 0.91x its time over the benchmark's 96 rows of 32 packed rows (decode.md against
-# decode_16row_tiles_only.md; 0.75x-1.11x, the losses at batch 64, head_dim 128).
+# a 32/8 or 64/8 GQA model is 4-8 rows: in a 64-row tile of 16 rows per warp one warp would
+# hold them while three read every key for padding; here the 4 warps each take a quarter of
+# every K/V tile's keys (two warps per 16-row slab for 32 rows) and combine their partial
+# softmax results at the end. Measured on the H200: docs/perf/2026-12-01-h200-decode-2.
 DECODE_WARP_SPLIT_TILES = {64: [(16, 128, 128), (32, 64, 128)],
                            128: [(16, 64, 128), (32, 64, 128)],
                            192: [(16, 64, 128), (32, 64, 128)],
@@ -405,13 +408,10 @@ DECODE_KV_STAGES = {64: 2, 128: 2}
 # are busy at least SPLIT_EFFICIENCY of the best split count's, within MAX_SPLITS and at least
 # a minimum of key blocks per split (each split pays a Q load and a partial write), and never
 # splits a grid of MANY_WAVES waves or more. A wave, as measured on the H200
-# (docs/perf/2026-12-01-h200-decode-2/, 14 shapes):
-# - fewer tiles than SMs (small batch): one CTA per SM, at least MIN_BLOCKS_PER_SPLIT blocks
-#   each (a CTA's K/V ring keeps its SM's loads in flight on its own): at batch 1 and 32k
-#   keys, 16 splits of 8 K/V heads took 46.7 µs, 45 (3 CTAs per SM) 53.4;
-# - at least as many tiles as SMs: every CTA an SM holds (`decode_ctas_per_sm`), at least
-#   MIN_BLOCKS_PER_SPLIT_FULL blocks per split. Batch 64 at 8k keys (1.3 waves) went from 520
-#   to 496 µs with 3 splits; batch 32 at 2k keys (10 blocks per split) lost 7% split.
+# (docs/perf/2026-12-01-h200-decode-2/): with fewer tiles than SMs (small batch) one CTA per
+# SM, at least MIN_BLOCKS_PER_SPLIT blocks each (a CTA's K/V ring keeps its SM's loads in
+# flight on its own); with at least as many tiles as SMs every CTA an SM holds
+# (`decode_ctas_per_sm`), at least MIN_BLOCKS_PER_SPLIT_FULL blocks per split.
 SPLIT_EFFICIENCY = 0.9
 MIN_BLOCKS_PER_SPLIT = 4
 MIN_BLOCKS_PER_SPLIT_FULL = 16

@@ -165,3 +165,42 @@ def test_persistent_refusals():
                               persistent=132)
     with pytest.raises(ValueError, match="stages O in its own tile"):
         FlashFwdSm90(big)
+
+
+# (head_dim, causal, group, long tile): GQA packing (`Sm90Key.pack_gqa`) at every head_dim
+# class, a group of 16 and the three-warpgroup tile (192 rows: 8 | 192)
+PACKED = [(64, True, 4, False), (64, False, 8, False), (64, True, 8, True), (128, True, 8, False),
+          (128, False, 4, False), (192, True, 4, False), (256, False, 2, False),
+          (128, True, 16, False)]
+
+
+@pytest.mark.parametrize("head_dim, causal, group, long", PACKED, ids=str)
+def test_packed_gqa_compiles(head_dim, causal, group, long):
+    """Q and O of a packed tile move as 5-D tensor maps (head_dim, group, seqlen, K/V head,
+    batch): one box of whole groups, no other copy path; spill-free like the unpacked kernel."""
+    key = kernel_key("sm_90a", "bfloat16", head_dim, causal, "sm90",
+                     seqlen_q=4096 if long else None)
+    assert key.tile.block_m == (192 if long or (head_dim, causal) == (64, False) else 128)
+    key = dataclasses.replace(key, pack_gqa=group)
+    _check(key)
+    ptx = compile_kernel(key, keep_ptx=True).__ptx__
+    assert re.search(r"cp\.async\.bulk\.tensor\.5d\.shared::cta\.global", ptx)  # Q
+    assert re.search(r"cp\.async\.bulk\.tensor\.5d\.global\.shared::cta", ptx)  # O
+    assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::cta\.global", ptx)  # K, V
+
+
+def test_pack_gqa_key_rules():
+    key = kernel_key("sm_90a", "bfloat16", 128, True, "sm90")
+    assert key.pack_gqa == 1
+    for bad in (0, -2, True, 2.0, "4"):
+        with pytest.raises(ValueError, match="pack_gqa must be a query head count"):
+            dataclasses.replace(key, pack_gqa=bad)
+    with pytest.raises(ValueError, match=r"pack_gqa=3 must divide block_m=128"):
+        dataclasses.replace(key, pack_gqa=3)
+    with pytest.raises(ValueError, match="not with a ragged Q, persistent or tma_store=False"):
+        dataclasses.replace(key, pack_gqa=4, varlen_q=True, varlen_k=True)
+    with pytest.raises(ValueError, match="not with a ragged Q, persistent or tma_store=False"):
+        dataclasses.replace(key, pack_gqa=4, persistent=132)
+    with pytest.raises(ValueError, match="not with a ragged Q, persistent or tma_store=False"):
+        dataclasses.replace(key, pack_gqa=4, tma_store=False)
+    assert dataclasses.replace(key, pack_gqa=8, local=True, softcap=True).pack_gqa == 8

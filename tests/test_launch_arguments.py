@@ -211,3 +211,75 @@ def test_auto_persistent(launches, monkeypatch, shape, kwargs, persistent):
     (key, args), = recorded
     assert key.persistent == persistent
     _takes_exactly_what_its_key_uses(key, args)
+
+
+def test_pack_gqa_takes_the_whole_group(launches):
+    """A wgmma kernel that packs a GQA group (`Sm90Key.pack_gqa`) gets the call's tensors as
+    they are (the kernel folds the group into its TMA views); a pack that is not the call's
+    group raises a ValueError naming it, before any launch, and leaves out= untouched."""
+    from cute_fa.runtime.plan import overriding
+
+    recorded, _ = launches
+    q, k, v = qkv(hq=8, hk=2)
+    with overriding(pack_gqa=4):
+        out = cute_fa.forward(q, k, v, causal=True, backend="sm90")
+    (key, args), = recorded
+    assert key.pack_gqa == 4
+    _takes_exactly_what_its_key_uses(key, args)
+    named = _named(key, args)
+    assert named["q"] is q and named["k"] is k and named["out"] is out
+    recorded.clear()
+    mine = torch.full_like(q, 7.0)
+    with overriding(pack_gqa=2), pytest.raises(ValueError, match=r"pack_gqa=2 .* heads_kv = 4"):
+        cute_fa.forward(q, k, v, causal=True, backend="sm90", out=mine)
+    assert not recorded and (mine == 7.0).all()
+
+
+@pytest.mark.parametrize("shape, kwargs, pack", [
+    ((1, 2000, 32, 8, 128), dict(causal=True), 4),
+    ((1, 2000, 64, 8, 64), dict(causal=True), 8),  # the three-warpgroup tile: 8 | 192
+    ((2, 700, 48, 8, 64), dict(causal=False), 6),  # 6 | 192 rows
+    ((2, 700, 48, 8, 64), dict(causal=True), 1),  # 6 does not divide 128 rows
+    ((2, 700, 28, 4, 128), dict(causal=True), 1),  # nor 7
+    ((1, 2000, 32, 32, 128), dict(causal=True), 1),  # no group
+    ((1, 4096, 32, 8, 128), dict(causal=True), 1),  # past the entry's queries
+    ((1, 2000, 32, 8, 192), dict(causal=True), 1),  # a class without an entry
+    ((1, 2000, 32, 8, 128), dict(causal=True, window_size=(256, 0)), 1),  # plain calls only
+    ((1, 2000, 32, 8, 128), dict(causal=True, softcap=30.0), 1),
+])
+def test_auto_pack_gqa(launches, monkeypatch, shape, kwargs, pack):
+    """Where an entry of `tuning.SM90_PACK_GQA_SEQLEN` (set here for head_dim 64 and 128 up to
+    3000 queries, causal and not) packs a dense call's GQA group into the wgmma tiles, by a
+    rule written out here: a plain call (no window, softcap or ragged batch) inside the range
+    whose group divides the tile's rows; the kernel then gets the call's tensors as they are."""
+    from cute_fa import tuning
+    from cute_fa.runtime.plan import clear_plans
+
+    recorded, _ = launches
+    b, s, hq, hk, d = shape
+    q, k, v = qkv(b, s, s, hq, hk, d)
+    monkeypatch.setattr(tuning, "SM90_PACK_GQA_SEQLEN",
+                        {(c, causal): (17, 3000) for c in (64, 128) for causal in (False, True)})
+    clear_plans()
+    out = cute_fa.forward(q, k, v, backend="sm90", **kwargs)
+    (key, args), = recorded
+    assert key.pack_gqa == pack
+    _takes_exactly_what_its_key_uses(key, args)
+    named = _named(key, args)
+    assert named["q"] is q and named["k"] is k and named["out"] is out
+
+
+def test_auto_pack_gqa_ragged(launches, monkeypatch):
+    """A ragged batch never packs (its tiles' rows are one entry's queries of one head)."""
+    from cute_fa import tuning
+    from cute_fa.runtime.plan import clear_plans
+
+    recorded, _ = launches
+    monkeypatch.setattr(tuning, "SM90_PACK_GQA_SEQLEN", {(128, True): (1, 2 ** 31 - 1)})
+    clear_plans()
+    q, k, v = qkv(1, 600, 600, 32, 8, 128)
+    cu = torch.tensor([0, 100, 600], dtype=torch.int32)
+    cute_fa.forward_varlen(q[0], k[0], v[0], cu, cu, max_seqlen_q=500, max_seqlen_k=500,
+                           causal=True, backend="sm90")
+    (key, _), = recorded
+    assert key.pack_gqa == 1 and key.varlen_q

@@ -63,3 +63,25 @@ def test_bad_decode_arguments(kwargs, message, recorded):
     with pytest.raises(ValueError, match=message):
         cute_fa.precompile(head_dims=128, arch="sm_90a", **kwargs)
     assert recorded == []  # checked before anything compiles
+
+
+def test_packed_prefill_calls_use_only_precompiled_kernels(recorded, monkeypatch):
+    """Where 'auto' packs a GQA group into the wgmma prefill tiles (`tuning.
+    SM90_PACK_GQA_SEQLEN`, set here: causal head_dim 128 from 100 to 3000 queries),
+    precompile(decode_groups=...) compiles the packed kernels too: GQA prefill calls on both
+    sides of the range's ends ask for nothing else."""
+    from cute_fa import tuning
+
+    monkeypatch.setattr(tuning, "SM90_PACK_GQA_SEQLEN", {(128, True): (100, 3000)})
+    keys = set(cute_fa.precompile(head_dims=128, dtypes="bfloat16", causal=True,
+                                  arch="sm_90a", decode_groups=(4, 8)))
+    assert {k.pack_gqa for k in keys if k.backend == "sm90"} == {1, 4, 8}
+    recorded.clear()
+    for batch, seqlen_q, heads_q in [(1, 99, 32), (2, 100, 32), (1, 2000, 64), (4, 3000, 32),
+                                     (1, 3001, 64), (1, 9000, 32)]:
+        q = torch.empty(batch, seqlen_q, heads_q, 128, dtype=torch.bfloat16)
+        k = torch.empty(batch, seqlen_q, 8, 128, dtype=torch.bfloat16)
+        cute_fa.forward(q, k, k, causal=True)
+    asked = set(recorded)
+    assert {k.pack_gqa for k in asked} == {1, 4, 8}
+    assert asked <= keys, asked - keys

@@ -25,8 +25,9 @@ from ..runtime.call import (DENSE, FAR_LEFT, RAGGED, AttentionCall, BackwardCall
                             ScoreFeatures)
 from ..runtime.device import device, stand_in
 from ..runtime.plan import plan
-from ..tuning import (DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, PREFILL_ONLY, check_backend,
-                      supported_page_size)
+from .. import tuning
+from ..tuning import (DECODE_MAX_SEQLEN_Q, MAX_PAGE_SIZE, MAX_SEQLEN_Q, PREFILL_ONLY,
+                      check_backend, supported_page_size)
 
 # query lengths and batch sizes of the prefill calls planned: short and long queries
 # (`tuning.SM90_LONG_TILES` splits at 2048), one that a wgmma kernel runs persistent on a grid
@@ -90,6 +91,14 @@ def _features(causal: bool, local: bool, softcap: bool) -> ScoreFeatures:
     return ScoreFeatures(causal, local, 64 if local else FAR_LEFT, 0, 30.0 if softcap else 0.0)
 
 
+def _packing_seqlens() -> tuple:
+    """PREFILL_SEQLENS and the ends of the query ranges in which 'auto' packs a GQA group into
+    the wgmma tiles (`tuning.SM90_PACK_GQA_SEQLEN`): one call on each side of every edge."""
+    edges = {x for lo, hi in tuning.SM90_PACK_GQA_SEQLEN.values() for x in (lo - 1, lo, hi, hi + 1)}
+    return tuple(sorted(set(PREFILL_SEQLENS) | {x for x in edges
+                                                  if DECODE_MAX_SEQLEN_Q < x <= MAX_SEQLEN_Q}))
+
+
 def calls(head_dims, dtypes, causal, backend, decode_groups, page_sizes, features,
           backward: bool, device_index: int, deterministic: bool = False):
     """Every call precompile plans: (head_dim, dtype, causal) x features of each kind asked."""
@@ -103,6 +112,9 @@ def calls(head_dims, dtypes, causal, backend, decode_groups, page_sizes, feature
         for seqlen_q, batch in itertools.product(PREFILL_SEQLENS, PREFILL_BATCHES):
             yield attention(RAGGED if ragged else DENSE, dtype, head_dim, batch, seqlen_q, 1, f,
                             ragged_k=ragged)
+        if not ragged:  # GQA prefill, whose wgmma tiles may pack the group (sm90_pack_gqa)
+            for group, seqlen_q in itertools.product(decode_groups, _packing_seqlens()):
+                yield attention(DENSE, dtype, head_dim, 1, seqlen_q, group, f)
         if backward:
             for det in (False, True) if deterministic else (False,):
                 grad = BackwardCall(RAGGED if ragged else DENSE, dtype, head_dim, f, 1.0, 0,
@@ -142,7 +154,8 @@ def precompile(head_dims: int | Iterable[int] = (64, 128),
     decode_groups (query heads per K/V head, e.g. 4 for 32 query heads on 8 K/V heads) adds
     the decode kernels `forward` runs for at most 16 queries per sequence with that GQA ratio:
     with and without split-KV, with and without seqused_k, on a dense cache and on a paged
-    one of each of page_sizes, and the merge of split-KV's partials.
+    one of each of page_sizes, and the merge of split-KV's partials; and the prefill kernels
+    whose wgmma tiles pack that group (`tuning.sm90_pack_gqa`), where 'auto' packs one.
 
     varlen, windows, softcap add the kernels of calls with those features, alone and together:
     `forward_varlen` (ragged batches; with page_sizes, also against a paged cache), a

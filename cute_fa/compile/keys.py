@@ -99,13 +99,17 @@ class Sm90Key(KernelKey):
     (`kernels.sched.tile_scheduler.PersistentTileScheduler`), O staged in its own buffer so
     that the next tile's Q lands under this tile's epilogue; 0: one CTA per tile. Tiles of
     unequal work (causal, a window) are taken as CTAs finish (`dynamic_tiles`), equal ones in
-    turn."""
+    turn. pack_gqa > 1: that many query heads of a K/V group (the call's whole group) share a
+    tile, row r being query r // pack_gqa of head r % pack_gqa, so a K/V tile is read once per
+    group and a causal diagonal spans block_m / pack_gqa queries; Q and O still move by TMA,
+    one box of whole groups (`layouts.tma.tma_view`), so pack_gqa divides block_m."""
 
     kv_stages: int = 2
     intra_wg_overlap: bool = True
     pingpong: bool = True
     tma_store: bool = True
     persistent: int = 0
+    pack_gqa: int = 1
     backend: ClassVar[str] = "sm90"
 
     def __post_init__(self):
@@ -115,6 +119,18 @@ class Sm90Key(KernelKey):
         if self.persistent and (self.varlen_q or self.varlen_k or not self.tma_store):
             raise ValueError("persistent loops over the tiles of a dense call (one TMA store "
                              "of O per tile): not with a ragged batch or tma_store=False")
+        if isinstance(self.pack_gqa, bool) or not isinstance(self.pack_gqa, int) \
+                or self.pack_gqa < 1:
+            raise ValueError(f"pack_gqa must be a query head count of at least 1, "
+                             f"got {self.pack_gqa!r}")
+        if self.pack_gqa > 1:
+            if self.tile.block_m % self.pack_gqa:
+                raise ValueError(f"pack_gqa={self.pack_gqa} must divide block_m="
+                                 f"{self.tile.block_m}: Q and O move in TMA boxes of whole "
+                                 f"query groups")
+            if self.varlen_q or self.persistent or not self.tma_store:
+                raise ValueError("pack_gqa packs the query heads of a dense Q with one CTA per "
+                                 "tile: not with a ragged Q, persistent or tma_store=False")
 
     @property
     def dynamic_tiles(self) -> bool:

@@ -42,11 +42,23 @@ def tma_box(cfg: TileConfig, tensor: str) -> TmaBox:
                   tile_bytes=rows * cfg.head_dim_padded * cfg.elem_bytes)
 
 
-def tma_view(t):
-    """A (batch, seqlen, heads, head_dim) global tensor as (seqlen, head_dim, heads, batch)."""
+def tma_view(t, group: int = 1):
+    """A (batch, seqlen, heads, head_dim) global tensor as (seqlen, head_dim, heads, batch).
+
+    group > 1 (GQA packing, `kernels.sched.seqlen.QueryRows`): as ((group, seqlen), head_dim,
+    heads / group, batch), the query heads of each K/V head's group folded into the rows, head
+    fastest: packed row r of K/V head h is query r // group of head h * group + r % group, and
+    a block of block_m rows (group dividing block_m) is one tensor-map box of (head_dim
+    columns, group heads, block_m / group queries). Queries past seqlen are out of bounds in
+    their own dimension, so TMA zero-fills them on load and leaves them out of a store."""
     import cutlass.cute as cute
 
-    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=list(TMA_ORDER)))
+    if group == 1:
+        return cute.make_tensor(t.iterator, cute.select(t.layout, mode=list(TMA_ORDER)))
+    (batch, seqlen, heads, head_dim), (s_b, s_s, s_h, s_d) = t.shape, t.stride
+    layout = cute.make_layout(((group, seqlen), head_dim, heads // group, batch),
+                              stride=((s_h, s_s), s_d, s_h * group, s_b))
+    return cute.make_tensor(t.iterator, layout)
 
 
 def tma_smem_layout(cfg: TileConfig, tensor: str, stages: int = 0):

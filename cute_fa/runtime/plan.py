@@ -23,7 +23,8 @@ from ..compile.registry import used_arguments
 from ..tuning import (DECODE_MAX_SEQLEN_Q, PREFILL_ONLY, bwd_head_splits,
                       bwd_keys, decode_ctas_per_sm, decode_fused_merge, decode_key,
                       decode_rows_class, is_small_grid,
-                      kernel_key, num_splits_heuristic, sm90_long, sm90_persistent)
+                      kernel_key, num_splits_heuristic, sm90_long, sm90_pack_gqa,
+                      sm90_persistent)
 from .call import RAGGED, AttentionCall, BackwardCall, MergeCall
 from .device import Device
 
@@ -179,16 +180,24 @@ def _forward(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
     # whether a wgmma kernel of this call runs persistent, on one CTA per SM
     persist = call.layout != RAGGED and sm90_persistent(call.head_dim, f.causal, call.seqlen_q,
                                                         call.heads_q, call.batch, device.num_sms)
+    # how many query heads of a K/V group a (not persistent) dense wgmma tile packs
+    pack = 1 if persist or call.layout == RAGGED else sm90_pack_gqa(
+        call.head_dim, f.causal, call.seqlen_q, call.heads_q, call.heads_kv)
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
-             f.softcap > 0, call.layout, call.backend, small, long, persist, over, compile)
+             f.softcap > 0, call.layout, call.backend, small, long, persist, pack, over, compile)
     found = _FORWARD.get(route)
     if found is None:
         key = kernel_key(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
                          call.backend, tile_arch=over.tile_arch, local=f.local,
                          softcap=f.softcap > 0, varlen=call.layout == RAGGED, small_grid=small,
-                         seqlen_q=call.seqlen_q, persistent_sms=device.num_sms if persist else 0)
+                         seqlen_q=call.seqlen_q, persistent_sms=device.num_sms if persist else 0,
+                         pack_gqa=pack)
         key = _changed(key, over.changes)
         found = _FORWARD[route] = ForwardPlan(key, _compiled(key, compile), used_arguments(key))
+    pack = getattr(found.key, "pack_gqa", 1)
+    if pack > 1 and pack * call.heads_kv != call.heads_q:
+        raise ValueError(f"pack_gqa={pack} packs a whole GQA group: it must be heads_q / "
+                         f"heads_kv = {call.heads_q // call.heads_kv} for this call")
     return found
 
 

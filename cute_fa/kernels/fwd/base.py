@@ -180,7 +180,8 @@ class FlashFwdBase:
         sQ_tma = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q"))
         sK_tma = storage.sK.get_tensor(tma.tma_smem_layout(cfg, "K", stages))
         sV_tma = storage.sV.get_tensor(tma.tma_smem_layout(cfg, "V", stages))
-        gQ = cute.local_tile(tma_entry_rows(tma_Q, tile.batch, tile.head, seqlen.offset_q),
+        gQ = cute.local_tile(tma_entry_rows(tma_Q, tile.batch, self._q_head(tile),
+                                            seqlen.offset_q),
                              (bm, dp), (tile.m_block, 0))
         gK = cute.local_tile(tma_entry_rows(tma_K, tile.batch, tile.head_kv,
                                                 seqlen.offset_k), (bn, dp), (None, 0))
@@ -216,16 +217,26 @@ class FlashFwdBase:
         """(tile, SeqlenInfo, KeyRange) of this CTA for a kernel whose Q and K are TMA tensors
         ((seqlen, head_dim, heads, batch)); in a ragged batch causal is bottom-right per entry."""
         if cutlass.const_expr(not (self.varlen_q or self.varlen_k or self.local)):
-            seqlen = SeqlenInfo(tma_Q.shape[0], tma_K.shape[0])
+            seqlen = SeqlenInfo(self._tma_seqlen_q(tma_Q), tma_K.shape[0])
             tile, keys = self._work(tma_Q.shape[2], tma_K.shape[2], seqlen, causal_offset)
             return tile, seqlen, keys
         tile = self.scheduler.tile(tma_Q.shape[2], tma_K.shape[2])
-        seqlen = SeqlenInfo.of(tile.batch, tma_Q.shape[0], tma_K.shape[0], mCuSeqlensQ,
-                               mCuSeqlensK)
+        seqlen = SeqlenInfo.of(tile.batch, self._tma_seqlen_q(tma_Q), tma_K.shape[0],
+                               mCuSeqlensQ, mCuSeqlensK)
         if cutlass.const_expr(self.varlen_q or self.varlen_k):
             causal_offset = seqlen.seqlen_k - seqlen.seqlen_q
         keys = self._key_range(tile, seqlen, causal_offset, window_left, window_right)
         return tile, seqlen, keys
+
+    def _tma_seqlen_q(self, tma_Q):
+        """The queries of a TMA view of Q: its rows, or with GQA packing the seqlen of its
+        (group, seqlen) rows (`layouts.tma.tma_view`)."""
+        return tma_Q.shape[0][1] if self.group > 1 else tma_Q.shape[0]
+
+    def _q_head(self, tile):
+        """The head coordinate of tile's rows in a TMA view of Q or O: the query head, or with
+        GQA packing the K/V head whose group the view folds into the rows."""
+        return tile.head_kv if self.group > 1 else tile.head
 
     def _work(self, heads_q, heads_kv, seqlen: SeqlenInfo, causal_offset):
         """(tile, KeyRange) of this CTA, for the dense call without a window."""

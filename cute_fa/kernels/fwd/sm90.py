@@ -43,7 +43,7 @@ from ..common import epilogue
 from .base import FlashFwdBase, RoundContext
 from ..common.softmax import score_scales
 from ..common.thread_wgmma import ThreadWgmma, gemm, thread_wgmma
-from ..sched.seqlen import SeqlenInfo, tma_entry_rows
+from ..sched.seqlen import SeqlenInfo, packed_lse, tma_entry_rows
 from ..sched.tile_scheduler import PersistentTileScheduler
 
 # named barriers (0 is the CTA's __syncthreads): the consumers' epilogue, then one turn
@@ -91,12 +91,14 @@ class FlashFwdSm90(FlashFwdBase):
         """The optional arguments are those the key asks for (`compile.registry`), None
         elsewhere."""
         cfg = self.cfg
-        tma_atom_Q, tma_Q = tma.tma_load(cfg, "Q", tma.tma_view(mQ))
+        tma_atom_Q, tma_Q = tma.tma_load(cfg, "Q", tma.tma_view(mQ, self.group))
         tma_atom_K, tma_K = tma.tma_load(cfg, "K", tma.tma_view(mK))
         tma_atom_V, tma_V = tma.tma_load(cfg, "V", tma.tma_view(mV))
         tma_atom_O, tma_O = None, None
         if cutlass.const_expr(self.tma_store):
-            tma_atom_O, tma_O = tma.tma_store(cfg, tma.tma_view(mO))
+            tma_atom_O, tma_O = tma.tma_store(cfg, tma.tma_view(mO, self.group))
+        if cutlass.const_expr(self.group > 1):
+            mLSE = packed_lse(mLSE, self.group)
         sQ_layout = tma.tma_smem_layout(cfg, "Q")
         sKV_layout = tma.tma_smem_layout(cfg, "K", self.kv_stages)
         Storage = smem.shared_storage(cfg, self.kv_stages, self.bars.count,
@@ -358,7 +360,7 @@ class FlashFwdSm90(FlashFwdBase):
         if ctidx < 32:
             buf = storage.sO if cutlass.const_expr(self.persistent) else storage.sQ
             sO_tma = buf.get_tensor(tma.tma_smem_layout(cfg, "Q"))
-            gO = cute.local_tile(tma_entry_rows(tma_O, tile.batch, tile.head, None),
+            gO = cute.local_tile(tma_entry_rows(tma_O, tile.batch, self._q_head(tile), None),
                                  (cfg.block_m, cfg.head_dim_padded), (tile.m_block, 0))
             tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
                                                cute.group_modes(sO_tma, 0, 2),
@@ -367,8 +369,11 @@ class FlashFwdSm90(FlashFwdBase):
             cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(not self.persistent):
                 cute.arch.cp_async_bulk_wait_group(0, read=True)  # smem stays until read
-        epilogue.store_rows_LSE(thr, lse, mLSE, tile.batch, tile.head, seqlen, query0,
-                                write_lse, ctidx)
+        lse_rows = seqlen
+        if cutlass.const_expr(self.group > 1):  # the tile's rows (`packed_lse`), of a dense Q
+            lse_rows = SeqlenInfo(self.rows.count(seqlen.seqlen_q), seqlen.seqlen_k)
+        epilogue.store_rows_LSE(thr, lse, mLSE, tile.batch, self._q_head(tile), lse_rows,
+                                query0, write_lse, ctidx)
 
     def _consumer_sync(self):
         cute.arch.barrier(barrier_id=EPILOGUE_BARRIER,

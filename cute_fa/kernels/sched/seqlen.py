@@ -35,6 +35,15 @@ class QueryRows:
 
 
 
+def packed_lse(mLSE: cute.Tensor, group: int) -> cute.Tensor:
+    """A (batch, heads, seqlen) LSE as (batch, heads / group, (group, seqlen)): row r of K/V
+    head h is query r // group of head h * group + r % group, the rows of
+    `layouts.tma.tma_view(., group)`, so a packed tile stores its LSE by row index."""
+    (batch, heads, seqlen), (s_b, s_h, s_s) = mLSE.shape, mLSE.stride
+    return cute.make_tensor(mLSE.iterator, cute.make_layout(
+        (batch, heads // group, (group, seqlen)), stride=(s_b, s_h * group, (s_h, s_s))))
+
+
 def shifted(t: cute.Tensor, offset) -> cute.Tensor:
     """`t` moved by `offset` elements, a multiple of 8 (16 bytes: the offsets are sums of
     strides that the kernels' arguments guarantee to be multiples of 8), so 16-byte copies

@@ -34,7 +34,7 @@ class SingleTileScheduler:
     start first, which shortens the tail of the last wave. lpt (longest processing time
     first): the grid's x is the head and y the query block, so that the GPU, which starts
     CTAs in x-fastest order, starts every head's longest query blocks before any head's
-    shorter ones (without it, only within a head). With split-KV the grid's z is
+    shorter ones (without it, only within a head); with GQA packing the x is the K/V head. With split-KV the grid's z is
     split * batch + batch entry, the index of the CTA's partial outputs."""
 
     block_m: int
@@ -46,6 +46,10 @@ class SingleTileScheduler:
     def grid(self, seqlen_q, heads_q, batch, num_splits=None) -> tuple:
         """The launch grid (host side, while the kernel is traced)."""
         if self.lpt:
+            if self.group > 1:
+                return (cute.size(heads_q // self.group),
+                        cute.ceil_div(QueryRows(self.group).count(seqlen_q), self.block_m),
+                        cute.size(batch))
             return (cute.size(heads_q), cute.ceil_div(seqlen_q, self.block_m), cute.size(batch))
         if self.group == 1 and not self.split_kv:
             return (cute.ceil_div(seqlen_q, self.block_m), cute.size(heads_q), cute.size(batch))
@@ -60,6 +64,8 @@ class SingleTileScheduler:
         if self.lpt:
             head, m_block, batch = cute.arch.block_idx()
             m_block = cute.arch.grid_dim()[1] - 1 - m_block
+            if self.group > 1:  # the grid's x is the K/V head
+                return WorkTile(m_block, head * self.group, batch, head)
             return WorkTile(m_block, head, batch, head // (heads_q // heads_kv))
         m_block, head, batch = cute.arch.block_idx()
         if self.causal:
