@@ -202,9 +202,9 @@ def sm90_persistent(head_dim: int, causal: bool, seqlen_q: int, heads_q: int, ba
 
 
 # (head_dim class, causal) -> (fewest, most queries) of the plain dense calls whose wgmma kernel
-# packs the GQA group into its tiles (`Sm90Key.pack_gqa`): fitted on run 1 of
-# docs/perf/2026-12-06-h200-pack-gqa by a rule written before it, kept where run 2 held it.
-SM90_PACK_GQA_SEQLEN: dict = {}
+# packs the GQA group (`Sm90Key.pack_gqa`): fitted on docs/perf/2026-12-06-h200-pack-gqa's run 1
+# by a rule written first, held on runs 2-3 (0.94x-0.97x); at head_dim 128 no range held.
+SM90_PACK_GQA_SEQLEN = {(64, False): (1, 4096), (64, True): (1, 4096)}
 
 
 def sm90_pack_gqa(head_dim: int, causal: bool, seqlen_q: int, heads_q: int,

@@ -137,17 +137,18 @@ def test_persistent_forward(shape, ctas):
     q = rand(b, sq, hq, d, dtype=dtype, gen=gen)
     k = rand(b, sk, hk, d, dtype=dtype, gen=gen)
     v = rand(b, sk, hk, d, dtype=dtype, gen=gen)
-    single, single_lse = cute_fa.forward(q, k, v, causal=causal, return_lse=True,
-                                         backend="sm90")
+    with overriding(pack_gqa=1):  # the one-tile kernel of the same rows (persistent: unpacked)
+        single, single_lse = cute_fa.forward(q, k, v, causal=causal, return_lse=True,
+                                             backend="sm90")
     out = torch.full_like(q, float("nan"))
-    with overriding(persistent=ctas):
+    with overriding(persistent=ctas, pack_gqa=1):
         o, lse = cute_fa.forward(q, k, v, causal=causal, return_lse=True, out=out,
                                  backend="sm90")
     check_case(o, lse, q, k, v, causal=causal, causal_offset=sk - sq, scale=1 / math.sqrt(d))
     assert torch.equal(o, single) and torch.equal(lse, single_lse)
     # causal: the CTAs take tiles from the stream's counter, which each launch's last fetch
     # puts back to zero; launches in a row must each see every tile
-    with overriding(persistent=ctas):
+    with overriding(persistent=ctas, pack_gqa=1):
         again = [cute_fa.forward(q, k, v, causal=causal, backend="sm90") for _ in range(3)]
     assert all(torch.equal(a, single) for a in again)
 
@@ -163,7 +164,7 @@ def test_persistent_forward_window_softcap(head_dim):
     q, k, v = (rand(2, 900, 4, head_dim, dtype="bfloat16", gen=gen) for _ in range(3))
     kwargs = dict(causal=True, window_size=(200, 0), softcap=20.0, backend="sm90")
     single = cute_fa.forward(q, k, v, **kwargs)
-    with overriding(persistent=3):
+    with overriding(persistent=3, pack_gqa=1):
         o = cute_fa.forward(q, k, v, **kwargs)
     assert torch.isfinite(o).all() and torch.equal(o, single)
 

@@ -172,7 +172,7 @@ def test_persistent_tile_counter(launches, causal):
 
     recorded, _ = launches
     q, k, v = qkv()
-    with overriding(persistent=132):
+    with overriding(persistent=132, pack_gqa=1):
         cute_fa.forward(q, k, v, causal=causal, backend="sm90")
     (key, args), = recorded
     assert key.persistent == 132 and key.dynamic_tiles == causal

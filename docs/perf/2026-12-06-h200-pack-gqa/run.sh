@@ -16,12 +16,13 @@ case $1 in
      python -m pytest -q -p no:cacheprovider -n 8 tests/test_pack_gqa_gpu.py 2>&1 \
        | tee /tmp/ab/gpu_tests_packed.log | tail -25
      python $here/ab_pack.py /tmp/ab warm 2>&1 | tee /tmp/ab/warm.log | tail -8 ;;
-  1|2) python $here/ab_pack.py /tmp/ab "$1" 2>&1 | tee /tmp/ab/run$1.log | tail -15 ;;
+  1|2|3) python $here/ab_pack.py /tmp/ab "$1" 2>&1 | tee /tmp/ab/run$1.log | tail -15 ;;
 esac
 case $1 in
   b) files="env.txt gpu_tests_packed.log warm.log" ;;
   1) files="run1.json run1.log fit.json" ;;
   2) files="run2.json run2.log decision.json" ;;
+  3) files="run3.json run3.log confirm.json" ;;
 esac
 for f in $files; do cp /tmp/ab/$f "$OUT"/ 2>/dev/null; done
 true
