@@ -10,11 +10,11 @@ sm_120a and the TMA kernel on sm_90a and sm_120a, for every head_dim class, dtyp
 causality of the tile tables, plus the padded and eager cases), the wgmma kernel's shipped
 configurations on sm_90a (tests/test_compile_sm90.py), the backward's kernels of
 tests/test_compile_bwd.py, then a sample of feature and decode kernels (windows, softcap,
-ragged batches, small-grid tiles, the wgmma long-call tile, GQA packing, paged and seqused_k
-caches, split-KV in two launches and in one, the merge, the deterministic and ragged
-backward). A kernel's file is named by its key's fields, which a move of its class does not
-change; its symbol is replaced, since it spells the kernel class's module path and argument
-types.
+ragged batches, small-grid tiles, the wgmma long-call tile, GQA packing in decode and in the
+wgmma prefill, paged and seqused_k caches, split-KV in two launches and in one, the merge, the
+deterministic and ragged backward). A kernel's file is named by its key's fields, which a
+move of its class does not change; its symbol is replaced, since it spells the kernel class's
+module path and argument types.
 
 `compare` also accepts, as the same code, a kernel whose new PTX lacks one parameter that the
 old PTX declared and never read (an argument its key does not use, no longer passed).
@@ -53,6 +53,10 @@ def _feature_keys() -> list:
                           seqlen_q=512))
     out.append(kernel_key("sm_90a", "bfloat16", 64, True, "auto", seqlen_q=1))
     out.append(kernel_key("sm_90a", "bfloat16", 64, True, "auto", seqlen_q=4096))  # long tile
+    for d, causal, seqlen_q, group in [(64, True, 1000, 4), (64, False, 1000, 8),
+                                       (64, True, 3000, 8), (128, True, 1000, 4)]:  # packed GQA
+        out.append(kernel_key("sm_90a", "bfloat16", d, causal, "sm90", seqlen_q=seqlen_q,
+                              pack_gqa=group))
     for arch in ("sm_90a", "sm_80"):
         for d, sq, group, page, seqused, split, local, softcap, vq, vk in [
                 (128, 1, 4, 0, False, False, False, False, False, False),

@@ -253,3 +253,36 @@ def test_default_tile_is_the_shipped_one():
     assert W.config == sm90_tile("bfloat16", 128, causal=False)
     assert W.s_coords(0)[:4] == [(0, 0), (0, 1), (8, 0), (8, 1)]
     assert W.smem_byte("K", 1, 0) == 128 + 16  # row 1: chunk 0 XOR 1
+
+
+@pytest.mark.parametrize("group, seqlen_q, m_block", [(4, 2000, 0), (4, 2000, 62), (8, 100, 6),
+                                                      (3, 7, 0), (16, 1, 0)])
+def test_packed_rows(lay, group, seqlen_q, m_block):
+    """GQA packing of the wgmma tile (`WgmmaLayouts.packed_rows`): row r of query block m is
+    packed row p = m * block_m + r, query p // group of head p % group while p < seqlen_q *
+    group, held by the quad of lanes 4 (r % 8) ... 4 (r % 8) + 3 of warp (r % 64) // 16 of
+    warpgroup r // 64 (the PTX ISA's accumulator fragment, `where` above)."""
+    cfg = lay.config
+    table = lay.packed_rows(group, seqlen_q, m_block)
+    assert [r["row"] for r in table] == list(range(cfg.block_m))
+    for r in table:
+        row = r["row"]
+        p = m_block * cfg.block_m + row
+        expected = (p // group, p % group) if p < seqlen_q * group else (None, None)
+        assert (r["query"], r["head"]) == expected, row
+        first = 128 * (row // 64) + 32 * ((row % 64) // 16) + 4 * (row % 8)
+        assert r["threads"] == list(range(first, first + 4)), row
+        assert all(where(t)[0] + where(t)[1] // 4 in (row, row - 8) for t in r["threads"])
+        assert r["warpgroup"] == row // 64
+
+
+def test_packed_rows_checks_and_words(d128):
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="group must be an int of at least 1"):
+            d128.packed_rows(bad, 10)
+    with pytest.raises(ValueError, match="m_block must be an int of at least 0"):
+        d128.packed_rows(4, 10, -1)
+    text = d128.describe_packing(group=4, seqlen_q=2000, m_block=62)
+    assert text.splitlines()[0].endswith("64 of 128 rows hold a (query, head) pair")
+    assert "row   5: query 1985, head h0+1, threads 20..23 (warpgroup 0)" in text
+    assert text.splitlines()[-1] == "  warpgroup 1: padding rows only (zeros from TMA, not stored)"

@@ -366,3 +366,54 @@ class WgmmaLayouts:
             f"{join_and(t % WARP_SIZE for t in group if t != tid)} (threads "
             f"{join_and(group)})",
         ])
+
+    # ---- GQA packing (prefill, `Sm90Key.pack_gqa`) ----
+
+    def packed_rows(self, group: int, seqlen_q: int, m_block: int = 0) -> list:
+        """The wgmma kernel's GQA packing of query block `m_block` of a call of seqlen_q
+        queries (`cute_fa.kernels.sched.seqlen.QueryRows`, the object the kernel uses): for each
+        of the tile's block_m rows, a dict with the query and the head offset within the group
+        it holds (None for a padding row past the seqlen_q * group rows, which TMA fills with
+        zeros and leaves out of O's store), the consumer threads whose S accumulator holds that
+        row and their warpgroup."""
+        from ..kernels.sched.seqlen import QueryRows
+
+        for name, value, low in (("group", group, 1), ("seqlen_q", seqlen_q, 1),
+                                 ("m_block", m_block, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int of at least {low}, got {value!r}")
+        rows = QueryRows(group)
+        holders: dict = {}
+        for tid in range(self.config.num_threads):
+            for row, _ in self.s_coords(tid):
+                holders.setdefault(row, set()).add(tid)
+        out = []
+        for r in range(self.config.block_m):
+            packed = m_block * self.config.block_m + r
+            useful = packed < rows.count(seqlen_q)
+            threads = sorted(holders[r])
+            out.append(dict(row=r, query=rows.query(packed) if useful else None,
+                            head=packed % group if useful else None, threads=threads,
+                            warpgroup=threads[0] // wgmma.WARPGROUP_THREADS))
+        return out
+
+    def describe_packing(self, group: int, seqlen_q: int, m_block: int = 0,
+                         show: int = 6) -> str:
+        """`packed_rows` in words: the first `show` rows, and the warpgroups that hold only
+        padding (a call's last query block, where seqlen_q * group rows end inside it)."""
+        table = self.packed_rows(group, seqlen_q, m_block)
+        useful = [r for r in table if r["query"] is not None]
+        first = m_block * self.config.block_m
+        lines = [f"{group} query heads per K/V head, {seqlen_q} queries, query block {m_block} "
+                 f"(packed rows {first}..{first + self.config.block_m - 1}): {len(useful)} of "
+                 f"{self.config.block_m} rows hold a (query, head) pair"]
+        for r in useful[:show]:
+            lines.append(f"  row {r['row']:3d}: query {r['query']}, head h0+{r['head']}, "
+                         f"threads {fmt_ranges(r['threads'])} (warpgroup {r['warpgroup']})")
+        if len(useful) > show:
+            lines.append(f"  ... {len(useful) - show} more rows")
+        idle = sorted({r["warpgroup"] for r in table} - {r["warpgroup"] for r in useful})
+        if idle:
+            lines.append(f"  warpgroup{'' if len(idle) == 1 else 's'} {join_and(idle)}: padding "
+                         f"rows only (zeros from TMA, not stored)")
+        return "\n".join(lines)
