@@ -203,6 +203,27 @@ def check_tid(tid, num_threads: int) -> int:
     return int(tid)
 
 
+def packed_row_owners(layouts, group: int, seqlen_q: int, m_block: int) -> list:
+    """GQA packing of query block m_block of a tile (`cute_fa.kernels.sched.seqlen.QueryRows`,
+    the object the kernels use), for `FlashLayouts` and `WgmmaLayouts` alike: per tile row, the
+    query and head offset it holds (None past the seqlen_q * group packed rows) and the threads
+    whose S accumulator (`layouts.s_coords`) holds it."""
+    from ..kernels.sched.seqlen import QueryRows
+
+    cfg, rows = layouts.config, QueryRows(group)
+    holders: dict = {}
+    for tid in range(cfg.num_threads):
+        for row, _ in layouts.s_coords(tid):
+            holders.setdefault(row, set()).add(tid)
+    out = []
+    for r in range(cfg.block_m):
+        packed = m_block * cfg.block_m + r
+        useful = packed < rows.count(seqlen_q)
+        out.append(dict(row=r, query=rows.query(packed) if useful else None,
+                        head=packed % group if useful else None, threads=sorted(holders[r])))
+    return out
+
+
 class FlashLayouts:
     """Which tile elements each thread copies, holds and combines.
 
@@ -450,26 +471,12 @@ class FlashLayouts:
         within the group it holds (None for a padding row past the group's seqlen_q * group rows),
         the threads whose S accumulator holds that row (one quad per warp holding it) and their
         warps: one, or every warp where the warps split the keys."""
-        from ..kernels.sched.seqlen import QueryRows
-
         if isinstance(group, bool) or not isinstance(group, int) or group < 1:
             raise ValueError(f"group must be a positive int, got {group!r}")
         if isinstance(seqlen_q, bool) or not isinstance(seqlen_q, int) or seqlen_q < 1:
             raise ValueError(f"seqlen_q must be a positive int, got {seqlen_q!r}")
-        rows = QueryRows(group)
-        holders: dict = {}
-        for tid in range(self.config.num_threads):
-            for query, _ in self.s_coords(tid):
-                holders.setdefault(query, set()).add(tid)
-        out = []
-        for r in range(self.config.block_m):
-            packed = m_block * self.config.block_m + r
-            useful = packed < rows.count(seqlen_q)
-            threads = sorted(holders[r])
-            out.append(dict(row=r, query=rows.query(packed) if useful else None,
-                            head=packed % group if useful else None, threads=threads,
-                            warps=sorted({t // WARP_SIZE for t in threads})))
-        return out
+        return [dict(r, warps=sorted({t // WARP_SIZE for t in r["threads"]}))
+                for r in packed_row_owners(self, group, seqlen_q, m_block)]
 
     def describe_packing(self, group: int, seqlen_q: int = 1) -> str:
         """Which rows of a decode tile (query block 0) do useful work under GQA packing, and

@@ -20,7 +20,7 @@ import numpy as np
 from ..layouts import wgmma
 from ..layouts.config import WARP_SIZE, TileConfig
 from ..layouts.ring import ring_slot
-from .introspect import fmt_ranges, join_and, trace_builders
+from .introspect import fmt_ranges, join_and, packed_row_owners, trace_builders
 
 REGISTER_FILE = 65536  # 32-bit registers per SM, all of which one CTA may take
 DESC_UNIT = 16  # a wgmma smem descriptor addresses in 16-byte units (start address >> 4)
@@ -376,26 +376,12 @@ class WgmmaLayouts:
         it holds (None for a padding row past the seqlen_q * group rows, which TMA fills with
         zeros and leaves out of O's store), the consumer threads whose S accumulator holds that
         row and their warpgroup."""
-        from ..kernels.sched.seqlen import QueryRows
-
         for name, value, low in (("group", group, 1), ("seqlen_q", seqlen_q, 1),
                                  ("m_block", m_block, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int of at least {low}, got {value!r}")
-        rows = QueryRows(group)
-        holders: dict = {}
-        for tid in range(self.config.num_threads):
-            for row, _ in self.s_coords(tid):
-                holders.setdefault(row, set()).add(tid)
-        out = []
-        for r in range(self.config.block_m):
-            packed = m_block * self.config.block_m + r
-            useful = packed < rows.count(seqlen_q)
-            threads = sorted(holders[r])
-            out.append(dict(row=r, query=rows.query(packed) if useful else None,
-                            head=packed % group if useful else None, threads=threads,
-                            warpgroup=threads[0] // wgmma.WARPGROUP_THREADS))
-        return out
+        return [dict(r, warpgroup=r["threads"][0] // wgmma.WARPGROUP_THREADS)
+                for r in packed_row_owners(self, group, seqlen_q, m_block)]
 
     def describe_packing(self, group: int, seqlen_q: int, m_block: int = 0,
                          show: int = 6) -> str:
