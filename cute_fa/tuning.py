@@ -212,9 +212,9 @@ def sm90_pack_gqa(head_dim: int, causal: bool, seqlen_q: int, heads_q: int,
     """The query heads 'auto' packs into a plain dense call's wgmma tiles: the call's whole
     GQA group where SM90_PACK_GQA_SEQLEN says and the group divides the tile's rows, else 1."""
     cls, group = head_dim_class(head_dim), heads_q // heads_kv
-    lo, hi = SM90_PACK_GQA_SEQLEN.get((cls, causal), (1, 0))
-    block_m = _sm90_tile_shape(cls, causal, sm90_long(head_dim, causal, seqlen_q))[0]
-    return group if group > 1 and lo <= seqlen_q <= hi and block_m % group == 0 else 1
+    lo, hi = SM90_PACK_GQA_SEQLEN.get((cls, causal), (1, 0))  # every forward call asks
+    return group if group > 1 and lo <= seqlen_q <= hi and _sm90_tile_shape(
+        cls, causal, sm90_long(head_dim, causal, seqlen_q))[0] % group == 0 else 1
 
 
 def sm90_long(head_dim: int, causal: bool, seqlen_q: int | None) -> bool:
