@@ -94,7 +94,8 @@ def _features(causal: bool, local: bool, softcap: bool) -> ScoreFeatures:
 def _packing_seqlens() -> tuple:
     """PREFILL_SEQLENS and the ends of the query ranges in which 'auto' packs a GQA group into
     the wgmma tiles (`tuning.SM90_PACK_GQA_SEQLEN`): one call on each side of every edge."""
-    edges = {x for lo, hi in tuning.SM90_PACK_GQA_SEQLEN.values() for x in (lo - 1, lo, hi, hi + 1)}
+    edges = {x for lo, hi in tuning.SM90_PACK_GQA_SEQLEN.values()
+             for x in (lo - 1, lo, hi, hi + 1)}
     return tuple(sorted(set(PREFILL_SEQLENS) | {x for x in edges
                                                   if DECODE_MAX_SEQLEN_Q < x <= MAX_SEQLEN_Q}))
 

@@ -34,8 +34,9 @@ class SingleTileScheduler:
     start first, which shortens the tail of the last wave. lpt (longest processing time
     first): the grid's x is the head and y the query block, so that the GPU, which starts
     CTAs in x-fastest order, starts every head's longest query blocks before any head's
-    shorter ones (without it, only within a head); with GQA packing the x is the K/V head. With split-KV the grid's z is
-    split * batch + batch entry, the index of the CTA's partial outputs."""
+    shorter ones (without it, only within a head); with GQA packing the x is the K/V head.
+    With split-KV the grid's z is split * batch + batch entry, the index of the CTA's partial
+    outputs."""
 
     block_m: int
     causal: bool
