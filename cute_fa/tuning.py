@@ -397,11 +397,11 @@ DECODE_WARP_SPLIT_CTAS_PER_SM = {(64, 16): 3, (64, 32): 3, (128, 16): 3, (128, 3
 # 12-16 bytes in some feature combinations; capped for two it takes ~180-190, spill-free.
 DECODE_CTAS_PER_SM = {128: 2}
 
-# head_dim class -> K/V stages of the decode kernel's ring (at most: fewer where two CTAs' worth
-# does not fit the SM); absent: prefill's single K and V buffers (at 192 and 256 the ring spills
-# on sm_120a; not timed). On the H200 (docs/perf/2026-12-01-h200-decode/sweep_stages.txt) 2
-# stages had the best geometric mean, a few percent over 0 and 3 (0 won at batch 32-64).
+# head_dim class -> the decode ring's K/V stages (fewer where two CTAs' worth does not fit);
+# absent: single K and V buffers (at 192/256 the ring spills on sm_120a). H200 (2026-12-01-h200-
+# decode/sweep_stages.txt): 2 stages had the best geomean, a few % over 0 and 3 (0 won at B32-64).
 DECODE_KV_STAGES = {64: 2, 128: 2}
+DECODE_PAGE_PREFETCH = False  # a paged ring reads pages a round ahead (Sm80Key.page_prefetch)
 
 # split-KV (flash-decoding): a call whose tiles (query blocks x K/V heads x batch) leave the GPU
 # partly idle has its keys split; `num_splits_heuristic` takes the fewest splits whose waves
@@ -483,14 +483,14 @@ def decode_key(arch: str, dtype: str, head_dim: int, causal: bool, *, seqlen_q: 
         cap = DECODE_CTAS_PER_SM.get(head_dim_class(head_dim), 0)
     else:
         cap = REGISTER_CAP_CTAS.get((tiles, "sm80", head_dim_class(head_dim), causal), 0)
-    stages = 0
-    ring = DECODE_KV_STAGES.get(head_dim_class(head_dim), 0)
-    if short and ring >= 2:
-        stages = max_kv_stages(cfg, Arch.of_name(tiles).smem_bytes, ctas_per_sm=2, cap=ring)
-    return Sm80Key(arch, causal, cfg, ctas_per_sm=cap, kv_stages=stages if stages >= 2 else 0,
+    ring = DECODE_KV_STAGES.get(head_dim_class(head_dim), 0) if short else 0
+    stages = max_kv_stages(cfg, Arch.of_name(tiles).smem_bytes, ctas_per_sm=2, cap=ring)
+    stages = stages if ring >= 2 and stages >= 2 else 0
+    return Sm80Key(arch, causal, cfg, ctas_per_sm=cap, kv_stages=stages,
                    pack_gqa=group if short else 1, split_kv=split_kv, page_size=page_size,
                    seqused_k=seqused_k, local=local, softcap=softcap, varlen_q=varlen_q,
-                   varlen_k=varlen_k, lpt=causal and not short and not split_kv)
+                   varlen_k=varlen_k, lpt=causal and not short and not split_kv,
+                   page_prefetch=DECODE_PAGE_PREFETCH and page_size > 0 and stages > 0)
 
 
 def decode_ctas_per_sm(key: Sm80Key, arch: str) -> int:

@@ -11,8 +11,8 @@ causality of the tile tables, plus the padded and eager cases), the wgmma kernel
 configurations on sm_90a (tests/test_compile_sm90.py), the backward's kernels of
 tests/test_compile_bwd.py, then a sample of feature and decode kernels (windows, softcap,
 ragged batches, small-grid tiles, the wgmma long-call tile, GQA packing in decode and in the
-wgmma prefill, paged and seqused_k caches, split-KV in two launches and in one, the merge, the
-deterministic and ragged backward). A kernel's file is named by its key's fields, which a
+wgmma prefill, paged caches (pages looked up at issue and a round ahead), seqused_k caches,
+split-KV in two launches and in one, the merge, the deterministic and ragged backward). A kernel's file is named by its key's fields, which a
 move of its class does not change; its symbol is replaced, since it spells the kernel class's
 module path and argument types.
 
@@ -73,6 +73,10 @@ def _feature_keys() -> list:
         out.append(dataclasses.replace(decode_key(  # split-KV in one launch
             arch, "bfloat16", 128, True, seqlen_q=1, group=4, page_size=64, seqused_k=True,
             split_kv=True), fused_merge=True))
+        for d, sq, group, page in [(128, 4, 8, 64), (64, 1, 8, 16)]:  # pages a round ahead
+            out.append(dataclasses.replace(decode_key(
+                arch, "bfloat16", d, True, seqlen_q=sq, group=group, page_size=page,
+                seqused_k=True, split_kv=True), page_prefetch=True))
         out.append(MergeKey(arch, 128, "float32", "bfloat16"))
         out.append(MergeKey(arch, 64, "bfloat16", "bfloat16"))
         for d, causal, local, softcap, varlen, det in [

@@ -77,6 +77,61 @@ def test_one_launch_split_kernel_compiles_without_spills(arch, features):
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
 
 
+def _page_lookups(ptx: str) -> int:
+    """32-bit global loads in a kernel's PTX (page-table entries, key counts, offsets)."""
+    return len(re.findall(r"ld\.global(\.nc)?\.[bsu]32\b", ptx))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("features", [f for f in FEATURES if f[4] and f[2] <= 16],
+                         ids=lambda f: "-".join(map(str, f)))
+def test_page_prefetch_compiles_without_spills(arch, features):
+    """A paged ring reading its next block's pages a round ahead (`Sm80Key.page_prefetch`)
+    compiles spill-free; where a page holds whole key blocks it reads one page-table entry
+    per block instead of one per copied row, so it has fewer 32-bit global loads than the
+    kernel that looks each row's page up as its load is issued."""
+    head_dim, causal, seqlen_q, group, page_size, seqused_k, split_kv = features
+    key = decode_key(arch, "bfloat16", head_dim, causal, seqlen_q=seqlen_q, group=group,
+                     page_size=page_size, seqused_k=seqused_k, split_kv=split_kv)
+    if not key.kv_stages:
+        with pytest.raises(ValueError, match="page_prefetch"):
+            dataclasses.replace(key, page_prefetch=True)
+        return
+    at_issue = compile_kernel(dataclasses.replace(key, page_prefetch=False),
+                              keep_ptx=True).__ptx__
+    ahead = compile_kernel(dataclasses.replace(key, page_prefetch=True), keep_ptx=True).__ptx__
+    assert ahead != at_issue
+    if page_size % key.tile.block_n == 0:
+        assert _page_lookups(ahead) < _page_lookups(at_issue)
+    res = ptxas_resources(ahead, arch)
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
+
+
+def test_page_prefetch_needs_a_paged_ring():
+    key = decode_key("sm_90a", "bfloat16", 128, True, seqlen_q=1, group=4, page_size=64,
+                     seqused_k=False, split_kv=True)
+    assert key.kv_stages >= 2
+    for fields in (dict(page_size=0), dict(kv_stages=0)):
+        with pytest.raises(ValueError, match="page_prefetch .* needs page_size > 0 and "
+                                             "kv_stages >= 2"):
+            dataclasses.replace(key, page_prefetch=True, **fields)
+
+
+def test_decode_key_takes_page_prefetch_as_tuning_says(monkeypatch):
+    """`tuning.DECODE_PAGE_PREFETCH` decides for paged rings only."""
+    from cute_fa import tuning
+
+    def key(page_size, head_dim=128):
+        return decode_key("sm_90a", "bfloat16", head_dim, True, seqlen_q=1, group=4,
+                          page_size=page_size, seqused_k=False, split_kv=True)
+
+    for shipped in (False, True):
+        monkeypatch.setattr(tuning, "DECODE_PAGE_PREFETCH", shipped)
+        assert key(64).page_prefetch == shipped and key(256).page_prefetch == shipped
+        assert not key(0).page_prefetch
+        assert key(64, head_dim=256).kv_stages == 0 and not key(64, head_dim=256).page_prefetch
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("head_dim, in_dtype, out_dtype", [
     (128, "float32", "bfloat16"), (64, "float32", "float16"), (256, "bfloat16", "bfloat16"),

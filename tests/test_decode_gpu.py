@@ -324,8 +324,56 @@ def _max_page_size():
     return MAX_PAGE_SIZE
 
 
+@pytest.fixture(params=["lookup-at-issue", "a-round-ahead"])
+def page_prefetch(request, monkeypatch):
+    """A paged ring's page-table lookups as its loads are issued, or a round ahead
+    (`Sm80Key.page_prefetch`), forced on every paged decode call whatever
+    `tuning.DECODE_PAGE_PREFETCH` ships."""
+    from cute_fa import tuning
+    from cute_fa.runtime.plan import clear_plans
+
+    monkeypatch.setattr(tuning, "DECODE_PAGE_PREFETCH", request.param == "a-round-ahead")
+    clear_plans()
+    yield request.param
+    clear_plans()
+
+
+def _paged_keys():
+    """The kernel keys the calls since the last `clear_plans` planned with a paged cache."""
+    from cute_fa.runtime import plan
+
+    return [entry[2][form].key for entry in plan._DECODE.values() for form in entry[2]
+            if entry[0].page_size]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.page_size], ids=case_id)
+def test_page_prefetch_is_the_lookup_at_issue_bitwise(case, monkeypatch):
+    """Pages read a round ahead give bitwise the o and lse of pages read as the loads are
+    issued (the same keys, in the same order), for the heuristic's and forced split counts,
+    into poisoned outputs; both match the reference."""
+    import cute_fa
+    from cute_fa import tuning
+    from cute_fa.runtime.plan import clear_plans
+
+    q, k, v, seqlens, (kc, vc), kwargs = build(case, seed=case.sk + 31)
+    expected = Expected(q, k, v, seqlens, causal=case.causal, scale=case.scale)
+    for num_splits in (None, 1, 3):
+        results = []
+        for ahead in (False, True):
+            monkeypatch.setattr(tuning, "DECODE_PAGE_PREFETCH", ahead)
+            clear_plans()
+            results.append(cute_fa.forward(q, kc, vc, return_lse=True, num_splits=num_splits,
+                                           out=torch.full_like(q, NAN), **kwargs))
+            rings = [key for key in _paged_keys() if key.kv_stages]
+            assert all(key.page_prefetch == ahead for key in rings)
+            expected.check(*results[-1], f"num_splits={num_splits} ahead={ahead}")
+        (o0, lse0), (o1, lse1) = results
+        assert torch.equal(o0, o1) and torch.equal(lse0, lse1), f"num_splits={num_splits}"
+    clear_plans()
+
+
 @pytest.mark.parametrize("page_size", [16, 48, 64, 256, 512, "max"])
-def test_page_sizes(page_size):
+def test_page_sizes(page_size, page_prefetch):
     """One problem under every page size (48: a multiple of 16 that is not a power of two);
     entries end inside a page, on a page boundary, and hold 0 or 1 key."""
     import cute_fa
@@ -343,7 +391,7 @@ def test_page_sizes(page_size):
     expected.check(o, lse, f"page_size={page_size}")
 
 
-def test_page_table_entries_past_the_used_pages_may_name_anything():
+def test_page_table_entries_past_the_used_pages_may_name_anything(page_prefetch):
     """Pages an entry does not use (past ceil(L_b / page_size)) may be any page, here pages
     full of NaN; an entry with 0 keys uses none. (flash-attn's contract too.)"""
     import cute_fa
@@ -366,7 +414,7 @@ def test_page_table_entries_past_the_used_pages_may_name_anything():
 
 
 @pytest.mark.parametrize("layout", ["dense", "paged"])
-def test_cache_rows_past_seqused_may_hold_nan(layout):
+def test_cache_rows_past_seqused_may_hold_nan(layout, page_prefetch):
     """The strict contract: keys at or past an entry's seqused_k are never used, whatever they
     hold, also inside the entry's last, partly used page (a cache allocated with torch.empty
     and filled as tokens arrive). flash-attn-4 asks those rows to be finite when it loads

@@ -46,7 +46,9 @@ class Sm80Key(KernelKey):
     and one V buffer; >= 2: a ring of that many K/V stages loading whole rounds ahead.
     fused_merge (with split_kv): the last CTA of a query block to finish merges the splits'
     partials into the call's output itself (`fwd/merge.merge_if_last`), so split-KV is one
-    launch instead of the split kernel and the merge kernel."""
+    launch instead of the split kernel and the merge kernel. page_prefetch (with a paged cache
+    and a ring): the pages of the ring's next block are read from the page table a round
+    before its loads need them, one lookup per block where a page holds whole blocks."""
 
     kv_stages: int = 0
     pack_gqa: int = 1
@@ -54,6 +56,7 @@ class Sm80Key(KernelKey):
     page_size: int = 0
     seqused_k: bool = False
     fused_merge: bool = False
+    page_prefetch: bool = False
     backend: ClassVar[str] = "sm80"
 
     def __post_init__(self):
@@ -69,6 +72,9 @@ class Sm80Key(KernelKey):
         if self.fused_merge and not (self.split_kv and not self.varlen_q):
             raise ValueError("fused_merge merges the splits of split_kv into a dense output: "
                              "it needs split_kv and no varlen_q")
+        if self.page_prefetch and not (self.page_size and self.kv_stages):
+            raise ValueError("page_prefetch reads a paged cache's pages a round ahead: it "
+                             "needs page_size > 0 and kv_stages >= 2")
 
 
 @dataclass(frozen=True)

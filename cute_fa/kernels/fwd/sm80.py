@@ -72,13 +72,15 @@ class Sm80Loads:
     tVsV: object
     tKVcKV: object
     paged: object = None
+    rPage: object = None
 
 
 @dataclass(frozen=True)
 class PagedKV:
     """A paged K/V cache: this batch entry's row of the page table (page indices, int32) and
     the cache's page and row strides; key j is row j % page_size of page page_table[j //
-    page_size]."""
+    page_size]. With `Sm80Key.page_prefetch`, `Sm80Loads.rPage` holds the next block's page
+    indices, read a round before its loads."""
 
     page_table: object
     stride_page: object
@@ -95,6 +97,7 @@ class FlashFwdSm80(FlashFwdBase):
         super().__init__(key)
         self.kv_stages = key.kv_stages
         self.fused_merge = key.fused_merge
+        self.page_prefetch = key.page_prefetch
         if self.cfg.warps_split_keys:
             needed = epilogue.warp_combine_bytes(self.cfg)
             held = self.cfg.smem_bytes(max(self.kv_stages, 1))
@@ -193,12 +196,15 @@ class FlashFwdSm80(FlashFwdBase):
         tQgQ = thr_g2s.partition_S(gQ)
         tQsQ = thr_g2s.partition_D(sQ)
         tQcQ = thr_g2s.partition_S(cQ)
-        paged = None
+        tKVcKV = thr_g2s.partition_S(cKV)
+        paged, rPage = None, None
         if cutlass.const_expr(self.page_size > 0):
             paged = PagedKV(mPageTable[batch, None], mK.stride[0], mK.stride[1])
+        if cutlass.const_expr(self.page_prefetch):
+            rPage = cute.make_rmem_tensor(self._page_slots(tKVcKV), cutlass.Int32)
         loads = Sm80Loads(g2s, thr_g2s.partition_S(gK), thr_g2s.partition_D(sK),
-                          thr_g2s.partition_S(gV), thr_g2s.partition_D(sV),
-                          thr_g2s.partition_S(cKV), paged)
+                          thr_g2s.partition_S(gV), thr_g2s.partition_D(sV), tKVcKV, paged,
+                          rPage)
 
         # Q: rows past seqlen_q (packed: past the group's rows) are zeros
         for m in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
@@ -238,6 +244,9 @@ class FlashFwdSm80(FlashFwdBase):
                     self._load_kv(loads, loads.tVgV, loads.tVsV[None, None, None, stage],
                                   n_block_max - 1 - stage, seqlen.seqlen_k, True)
                 cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(self.page_prefetch):  # the first refill's pages
+                if n_block_max - 1 - self.kv_stages >= n_block_min:
+                    self._fetch_pages(loads, n_block_max - 1 - self.kv_stages)
 
         ctx = self._context(thr, m_block, seqlen, keys, loads, warp, softcap_scale)
         self.run_rounds(ctx)
@@ -257,10 +266,11 @@ class FlashFwdSm80(FlashFwdBase):
 
     @cute.jit
     def _load_kv(self, ld: "Sm80Loads", tXgX: cute.Tensor, tXsX: cute.Tensor, n_block, seqlen_k,
-                 check_rows: cutlass.Constexpr):
+                 check_rows: cutlass.Constexpr, prefetched: cutlass.Constexpr = False):
         """Start the cp.async of one K or V tile; with check_rows, rows past seqlen_k become
         zeros. Paged, each row is shifted from page 0 to its page (rows past seqlen_k are
-        never looked up: their page-table entry may not exist)."""
+        never looked up: their page-table entry may not exist); prefetched: the pages are
+        those `_fetch_pages` read for this block."""
         for m in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
             if cutlass.const_expr(check_rows):
                 if n_block * self.cfg.block_n + ld.tKVcKV[0, m, 0][0] < seqlen_k:
@@ -269,20 +279,50 @@ class FlashFwdSm80(FlashFwdBase):
                 else:
                     tXsX[None, m, None].fill(0.0)
             else:
-                copy_row(self.cfg, ld.g2s, self._row_source(ld, tXgX, n_block, m),
+                copy_row(self.cfg, ld.g2s, self._row_source(ld, tXgX, n_block, m, prefetched),
                          tXsX[None, m, None], ld.tKVcKV[None, m, None])
 
-    def _row_source(self, ld: "Sm80Loads", tXgX: cute.Tensor, n_block, m):
+    def _row_source(self, ld: "Sm80Loads", tXgX: cute.Tensor, n_block, m, prefetched=False):
         """Row m of the thread's copy of key block n_block: the block's row (dense), or row
         `row` of page 0 moved to key n_block * block_n + row's page and slot (paged)."""
         if cutlass.const_expr(ld.paged is None):
             return tXgX[None, m, None, n_block]
         row = ld.tKVcKV[0, m, 0][0]
+        if cutlass.const_expr(prefetched and self._whole_blocks()):
+            # the block is one page's slots [first, first + block_n): one shift for every row
+            first = n_block % (self.page_size // self.cfg.block_n) * self.cfg.block_n
+            return shifted(tXgX[None, m, None], ld.rPage[0] * ld.paged.stride_page
+                           + first * ld.paged.stride_row)
         key = n_block * self.cfg.block_n + row
-        page = ld.paged.page_table[key // self.page_size]
+        if cutlass.const_expr(prefetched):
+            page = ld.rPage[m]
+        else:
+            page = ld.paged.page_table[key // self.page_size]
         slot = key % self.page_size
         return shifted(tXgX[None, m, None], page * ld.paged.stride_page
                                 + (slot - row) * ld.paged.stride_row)
+
+    def _whole_blocks(self) -> bool:
+        """Whether a page holds whole key blocks (page_size a multiple of block_n): then one
+        page-table entry serves every row of a block."""
+        return self.page_size % self.cfg.block_n == 0
+
+    def _page_slots(self, tKVcKV: cute.Tensor) -> int:
+        """How many page indices `Sm80Loads.rPage` holds: one where a page holds whole
+        blocks, else one per row the thread copies."""
+        return 1 if self._whole_blocks() else cute.size(tKVcKV.shape[1])
+
+    @cute.jit
+    def _fetch_pages(self, ld: "Sm80Loads", n_block):
+        """Read key block n_block's page indices into `ld.rPage`, a round before its loads
+        (`after_round`): the page table's latency then passes under that round's MMAs
+        instead of stalling the loads' issue. n_block must be a full block (below the last)."""
+        if cutlass.const_expr(self._whole_blocks()):
+            ld.rPage[0] = ld.paged.page_table[n_block // (self.page_size // self.cfg.block_n)]
+        else:
+            for m in cutlass.range_constexpr(cute.size(ld.rPage)):
+                key = n_block * self.cfg.block_n + ld.tKVcKV[0, m, 0][0]
+                ld.rPage[m] = ld.paged.page_table[key // self.page_size]
 
     # ---- the round's hooks (base.FlashFwdBase.run_round) ----
 
@@ -348,7 +388,10 @@ class FlashFwdSm80(FlashFwdBase):
             n_next = slot.n_block - self.kv_stages
             if n_next >= ctx.n_block_min:
                 self._load_kv(ld, ld.tKgK, ld.tKsK[None, None, None, slot.stage], n_next,
-                              ctx.seqlen.seqlen_k, False)
+                              ctx.seqlen.seqlen_k, False, self.page_prefetch)
                 self._load_kv(ld, ld.tVgV, ld.tVsV[None, None, None, slot.stage], n_next,
-                              ctx.seqlen.seqlen_k, False)
+                              ctx.seqlen.seqlen_k, False, self.page_prefetch)
+                if cutlass.const_expr(self.page_prefetch):
+                    if n_next > ctx.n_block_min:
+                        self._fetch_pages(ld, n_next - 1)
             cute.arch.cp_async_commit_group()
