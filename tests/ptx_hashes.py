@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cute_fa.compile.build import compile_kernel  # noqa: E402
 from cute_fa.compile.keys import MergeKey  # noqa: E402
-from cute_fa.tuning import bwd_keys, decode_key, kernel_key  # noqa: E402
+from cute_fa.tuning import decode_key, kernel_key  # noqa: E402
+from cute_fa.tuning_bwd import bwd_keys  # noqa: E402
 from test_compile_bwd import PLAIN as BWD_PLAIN  # noqa: E402
 from test_compile_forward import ARCHS, CASES, TMA_CASES  # noqa: E402
 from test_compile_sm90 import PLAIN  # noqa: E402

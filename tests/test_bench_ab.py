@@ -3,7 +3,7 @@ entry in and the imported tables back, and `run` refuses a malformed A/B before 
 work."""
 import pytest
 
-import cute_fa.tuning as tuning
+import cute_fa.tuning_bwd as tuning_bwd
 from cute_fa.bench.ab import Shape, Variant, run, use
 
 D128 = Variant("d128", 128, "BWD_SM90_DETERMINISTIC_TILES", (64, 2, 3, 1, False, True), True)
@@ -17,18 +17,18 @@ def test_variant_is_checked():
 
 
 def test_use_patches_one_entry_and_puts_the_tables_back():
-    before = {n: dict(getattr(tuning, n)) for n in ("BWD_SM90_TILES",
+    before = {n: dict(getattr(tuning_bwd, n)) for n in ("BWD_SM90_TILES",
                                                     "BWD_SM90_DETERMINISTIC_TILES")}
-    shipped = tuning.bwd_sm90_tile("bfloat16", 128, deterministic=True)
+    shipped = tuning_bwd.bwd_sm90_tile("bfloat16", 128, deterministic=True)
     try:
         use({"x": D128}, "x")
-        tile = tuning.bwd_sm90_tile("bfloat16", 120, deterministic=True)  # the same class
+        tile = tuning_bwd.bwd_sm90_tile("bfloat16", 120, deterministic=True)  # the same class
         assert (tile.block_m, tile.q_stages, tile.head_dim) == (64, 3, 120)
-        assert tuning.BWD_SM90_TILES == before["BWD_SM90_TILES"]
+        assert tuning_bwd.BWD_SM90_TILES == before["BWD_SM90_TILES"]
     finally:
         use({"x": D128}, None)
-    assert {n: getattr(tuning, n) for n in before} == before
-    assert tuning.bwd_sm90_tile("bfloat16", 128, deterministic=True) == shipped
+    assert {n: getattr(tuning_bwd, n) for n in before} == before
+    assert tuning_bwd.bwd_sm90_tile("bfloat16", 128, deterministic=True) == shipped
 
 
 def test_run_refuses_a_malformed_ab(tmp_path):

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from cute_fa import backward, backward_varlen  # noqa: E402
 from cute_fa.compile.keys import BwdKvPostKey, BwdSm90Key  # noqa: E402
-from cute_fa.tuning import BWD_HEAD_SPLIT_WAVES, bwd_head_splits, bwd_keys  # noqa: E402
+from cute_fa.tuning_bwd import BWD_HEAD_SPLIT_WAVES, bwd_head_splits, bwd_keys  # noqa: E402
 from launch_recording import kernels_asked, launches, named_arguments  # noqa: E402,F401  (fixtures)
 
 
@@ -163,7 +163,7 @@ def test_split_kernels_compile_for_sm90a():
     postprocess compiles and stores 16 bytes at a time."""
     from cute_fa.compile.build import compile_kernel
     from cute_fa.compile.ptxas import ptxas_resources
-    from cute_fa.tuning import BWD_SM90_SPILL_BUDGET
+    from cute_fa.tuning_bwd import BWD_SM90_SPILL_BUDGET
 
     ordered = bwd_keys("sm_90a", "bfloat16", 128, True, head_splits=2, deterministic=True)[1]
     ptx = compile_kernel(ordered, keep_ptx=True).__ptx__

@@ -316,6 +316,6 @@ def test_argument_checks(d64):
 
 
 def test_default_tile_is_the_shipped_one():
-    from cute_fa.tuning import bwd_tile
+    from cute_fa.tuning_bwd import bwd_tile
 
     assert BwdLayouts().config == bwd_tile("sm_80", "bfloat16", 128)

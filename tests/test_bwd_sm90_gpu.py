@@ -288,7 +288,7 @@ def test_split_groups_deterministic(monkeypatch, shape, splits, causal):
 
 @needs_sm90
 def test_auto_splits_a_small_gqa_batch():
-    """B 1, S 2048, 32/8 heads, causal on the H200's 132 SMs: `tuning.bwd_head_splits` splits
+    """B 1, S 2048, 32/8 heads, causal on the H200's 132 SMs: `tuning_bwd.bwd_head_splits` splits
     each group in 4 (one query head per CTA); the gradients pass."""
     from cute_fa.api.checks import check_backward
     from cute_fa.runtime.device import device

@@ -17,7 +17,7 @@ import pytest
 
 from cute_fa.explain import WgmmaBwdLayouts
 from cute_fa.layouts.config import WgmmaBwdTileConfig
-from cute_fa.tuning import bwd_sm90_tile
+from cute_fa.tuning_bwd import bwd_sm90_tile
 
 
 def _d_fragment(t: int, n: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 sm_90a `auto` takes the wgmma kernel up to head_dim 128, tests/test_compile_bwd_sm90.py; here
 sm_90a's rows name backend="sm80", the kernel it still runs past 128 and on request): mma.sync
 m16n8k16 with transposed ldmatrix operands, cp.async loads, float32 reductions for dQ (vector
-ones from sm90 on), registers within 255 and spills within tuning.BWD_SPILL_BUDGET (the
+ones from sm90 on), registers within 255 and spills within tuning_bwd.BWD_SPILL_BUDGET (the
 preprocess and postprocess: none); and their tiles fit each arch's shared memory."""
 
 import re
@@ -12,7 +12,8 @@ import pytest
 from cute_fa.compile.build import compile_kernel
 from cute_fa.compile.ptxas import ptxas_resources
 from cute_fa.layouts import BwdTileConfig
-from cute_fa.tuning import BWD_SPILL_BUDGET, BWD_TILES, SMEM_BYTES, bwd_keys, bwd_tile
+from cute_fa.tuning import SMEM_BYTES
+from cute_fa.tuning_bwd import BWD_SPILL_BUDGET, BWD_TILES, bwd_keys, bwd_tile
 
 ARCHS = ("sm_80", "sm_90a", "sm_120a")
 # every head_dim class, causal or not, bf16 on sm_80 and sm_90a; fp16 and sm_120a's small tiles

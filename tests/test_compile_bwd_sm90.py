@@ -3,7 +3,7 @@ five products (S^T, dP^T and dQ from shared memory, dV and dK with their A opera
 registers, or under split_d from shared memory too), TMA loads of K, V, Q and dO, setmaxnreg between the producer and the consumer
 warpgroups, stmatrix of dS, dQ's float32 sums added by vector reductions from the consumers'
 registers or, under dq_writer, by one bulk reduction from shared memory; spills within
-tuning.BWD_SM90_SPILL_BUDGET and shared memory within sm90's; `precompile(backward=True)`
+tuning_bwd.BWD_SM90_SPILL_BUDGET and shared memory within sm90's; `precompile(backward=True)`
 plans it for an sm90 GPU. It takes nothing but sm90."""
 
 import dataclasses
@@ -16,8 +16,9 @@ from cute_fa.compile.build import compile_kernel
 from cute_fa.compile.keys import BwdSm90Key
 from cute_fa.compile.ptxas import ptxas_resources
 from cute_fa.layouts.config import WgmmaBwdTileConfig
-from cute_fa.tuning import (BWD_SM90_SPILL_BUDGET, BWD_SM90_TILES, SMEM_BYTES, bwd_backend,
-                            bwd_keys, bwd_sm90_entry_tile, bwd_sm90_tile)
+from cute_fa.tuning import SMEM_BYTES
+from cute_fa.tuning_bwd import (BWD_SM90_SPILL_BUDGET, BWD_SM90_TILES, bwd_backend, bwd_keys,
+                                bwd_sm90_entry_tile, bwd_sm90_tile)
 
 ARCH = "sm_90a"
 
@@ -109,7 +110,7 @@ def test_wgmmas_stay_asynchronous(head_dim, deterministic):
 @pytest.mark.parametrize("feature", ["local", "softcap", "varlen", "deterministic"])
 def test_features_compile(feature, head_dim):
     """Every feature's kernel at each shipped head_dim class, within the spill budget (`_ptx`):
-    deterministic at head_dim 64 takes its own tiles (`tuning.BWD_SM90_DETERMINISTIC_TILES`)."""
+    deterministic at head_dim 64 takes its own tiles (`tuning_bwd.BWD_SM90_DETERMINISTIC_TILES`)."""
     _, key, _ = bwd_keys(ARCH, "bfloat16", head_dim, True, **{feature: True})
     ptx = _ptx(key)
     if feature == "softcap":

@@ -106,7 +106,7 @@ def test_every_backward_key_has_a_progress_line():
     """`precompile --backward` reports each kernel as it compiles (`describe`): the row kernels'
     tiles (D = rowsum(dO * O), dQ's conversion) have rows but no key block."""
     from cute_fa.api.precompile import describe
-    from cute_fa.tuning import bwd_keys
+    from cute_fa.tuning_bwd import bwd_keys
 
     prep, main, post = bwd_keys("sm_90a", "bfloat16", 128, True)
     assert describe(prep) == f"bwd_pre sm_90a bfloat16 head_dim 128 {prep.tile.block_m} rows"

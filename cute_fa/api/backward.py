@@ -4,7 +4,7 @@ batch), the gradients of `forward` / `forward_varlen` given dout, the forward's 
 Three launches (`kernels/bwd/`): D = rowsum(dout * out) and LSE in log2 units; the main kernel
 (dK, dV per key block, dQ summed into float32); dQ converted. A fourth converts dK and dV where
 the wgmma kernel splits a K/V group's query heads over CTAs (small GQA grids,
-`tuning.bwd_head_splits`), which then sum them in float32 too. Every check runs before the first
+`tuning_bwd.bwd_head_splits`), which then sum them in float32 too. Every check runs before the first
 launch, so a bad call leaves dq/dk/dv untouched. Autograd runs the same implementation
 (`runtime.run.run_backward`).
 """
@@ -34,7 +34,7 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     None follows `torch.use_deterministic_algorithms`. bottom_right=False: the top-left causal
     alignment of `sdpa`. GQA/MQA: dk, dv are summed over each K/V head's query heads.
     backend: the main kernel, "sm80" (mma.sync, any GPU), "sm90" (wgmma, Hopper, head_dim up
-    to 128) or "auto" (`tuning.bwd_backend`'s choice).
+    to 128) or "auto" (`tuning_bwd.bwd_backend`'s choice).
     """
     call = check_backward(DENSE, dout, q, k, v, out, lse, causal=causal,
                           softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,

@@ -25,7 +25,8 @@ from ..layouts.config import check_head_dim
 from ..runtime.call import (DENSE, FAR_LEFT, NO_WINDOW, PLAIN, RAGGED, AttentionCall,
                             BackwardCall, MergeCall, ScoreFeatures, backward_of)
 from ..tuning import (BACKENDS, MAX_PAGE_SIZE, MAX_SEQLEN_Q, MAX_SPLITS, PREFILL_ONLY,
-                      check_backend, check_bwd_backend, supported_page_size)
+                      check_backend, supported_page_size)
+from ..tuning_bwd import check_bwd_backend
 
 DTYPES = (torch.float16, torch.bfloat16)
 

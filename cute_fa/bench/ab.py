@@ -1,5 +1,5 @@
 """Same-process A/B of the wgmma backward's tile tables (GPU): each variant patches one entry
-of a `cute_fa.tuning` table, every variant of a row and (where asked) every peer runs on the
+of a `cute_fa.tuning_bwd` table, every variant of a row and (where asked) every peer runs on the
 same inputs in one process, so that a table change is judged against the tiles it would
 replace, not against another process's clocks. The scripts under docs/perf describe their
 variants and shapes and call `run`.
@@ -45,7 +45,7 @@ class Shape:
 @dataclass(frozen=True)
 class Variant:
     """`entry` in tuning's `table` at head_dim's class (the entry format of
-    `tuning.bwd_sm90_entry_tile`), run on the rows of `group`, called with `deterministic`
+    `tuning_bwd.bwd_sm90_entry_tile`), run on the rows of `group`, called with `deterministic`
     and a softcap or not."""
 
     group: str
@@ -56,7 +56,7 @@ class Variant:
     softcap: bool = False
 
     def __post_init__(self):
-        from ..tuning import bwd_sm90_entry_tile
+        from ..tuning_bwd import bwd_sm90_entry_tile
 
         if self.table not in TABLES:
             raise ValueError(f"table must be one of {TABLES}, got {self.table!r}")
@@ -70,7 +70,7 @@ _CURRENT: list = [None]
 def use(variants: dict, name) -> None:
     """Put the tables back as imported, then `variants[name]`'s entry in (None: none), and
     drop the plans made with the tables before."""
-    import cute_fa.tuning as tuning
+    import cute_fa.tuning_bwd as tuning
     from cute_fa.runtime.plan import clear_plans
 
     if _CURRENT[0] == name:

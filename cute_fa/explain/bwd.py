@@ -146,7 +146,7 @@ def _tables_for(cfg: BwdTileConfig) -> dict:
 class BwdLayouts:
     """What each thread of the backward kernel's CTA holds, reads and writes.
 
-    `cfg` is a backward tile (`cute_fa.tuning.bwd_tile`); the default is the bf16 head_dim 128
+    `cfg` is a backward tile (`cute_fa.tuning_bwd.bwd_tile`); the default is the bf16 head_dim 128
     tile of sm_80. Coordinates are tile-local and named in each operand's MMA orientation
     (module docstring); `p_written`, `p_read` and the ldmatrix rows' 'tile' entries are in the
     stored tiles' (row, column) orientation: P and dS (query, key), Q and dO (query, d), K and
@@ -155,7 +155,7 @@ class BwdLayouts:
 
     def __init__(self, cfg: BwdTileConfig | None = None):
         if cfg is None:
-            from ..tuning import bwd_tile
+            from ..tuning_bwd import bwd_tile
 
             cfg = bwd_tile("sm_80", "bfloat16", 128)
         if not isinstance(cfg, BwdTileConfig):

@@ -97,11 +97,11 @@ def _tables_for(cfg: WgmmaBwdTileConfig) -> dict:
 
 class WgmmaBwdLayouts:
     """What each consumer thread of the wgmma backward holds. `cfg`: a `WgmmaBwdTileConfig`
-    (default: the shipped bf16 tile of head_dim 128, `tuning.bwd_sm90_tile`)."""
+    (default: the shipped bf16 tile of head_dim 128, `tuning_bwd.bwd_sm90_tile`)."""
 
     def __init__(self, cfg: WgmmaBwdTileConfig | None = None):
         if cfg is None:
-            from ..tuning import bwd_sm90_tile
+            from ..tuning_bwd import bwd_sm90_tile
 
             cfg = bwd_sm90_tile("bfloat16", 128)
         if not isinstance(cfg, WgmmaBwdTileConfig):

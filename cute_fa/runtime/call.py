@@ -66,7 +66,7 @@ class BackwardCall(NamedTuple):
     features and scale, dq's summation mode, for a ragged batch its longest entries (which
     size the grids), and the work's extent: batch (a ragged batch's entries), heads, keys per
     entry (a ragged batch's longest). head_splits: over how many CTAs the wgmma backward
-    splits a K/V group's query heads (None: the plan picks, `tuning.bwd_head_splits`)."""
+    splits a K/V group's query heads (None: the plan picks, `tuning_bwd.bwd_head_splits`)."""
 
     layout: str
     dtype: object

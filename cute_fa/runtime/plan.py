@@ -20,11 +20,10 @@ from ..arch import Arch
 from ..compile.cache import get_kernel
 from ..compile.keys import KernelKey, MergeKey
 from ..compile.registry import used_arguments
-from ..tuning import (DECODE_MAX_SEQLEN_Q, PREFILL_ONLY, bwd_head_splits,
-                      bwd_keys, decode_ctas_per_sm, decode_fused_merge, decode_key,
-                      decode_rows_class, is_small_grid,
-                      kernel_key, num_splits_heuristic, sm90_long, sm90_pack_gqa,
-                      sm90_persistent)
+from ..tuning import (DECODE_MAX_SEQLEN_Q, PREFILL_ONLY, decode_ctas_per_sm, decode_fused_merge,
+                      decode_key, decode_rows_class, is_small_grid, kernel_key,
+                      num_splits_heuristic, sm90_long, sm90_pack_gqa, sm90_persistent)
+from ..tuning_bwd import bwd_head_splits, bwd_keys
 from .call import RAGGED, AttentionCall, BackwardCall, MergeCall
 from .device import Device
 
@@ -259,7 +258,7 @@ def unsplit_grid(call: AttentionCall, key) -> tuple:
 
 def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan:
     """The plan of the call's features and head_splits: 1, or where the main kernel is the
-    wgmma one and a K/V group has several query heads, the call's or `tuning.bwd_head_splits`'
+    wgmma one and a K/V group has several query heads, the call's or `tuning_bwd.bwd_head_splits`'
     for its grid. The unsplit main key decides that, and is made without compiling: a call
     that splits never compiles the unsplit kernel."""
     over = _OVERRIDES[0]
