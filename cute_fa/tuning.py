@@ -400,7 +400,9 @@ DECODE_CTAS_PER_SM = {128: 2}
 # absent: single K and V buffers (at 192/256 the ring spills on sm_120a). H200 (2026-12-01-h200-
 # decode/sweep_stages.txt): 2 stages had the best geomean, a few % over 0 and 3 (0 won at B32-64).
 DECODE_KV_STAGES = {64: 2, 128: 2}
-DECODE_PAGE_PREFETCH = False  # a paged ring reads pages a round ahead (Sm80Key.page_prefetch)
+# A paged ring reads its next block's pages a round ahead (`Sm80Key.page_prefetch`): 0.988x and
+# 0.986x the at-issue lookup's time on two runs (H100, docs/perf/2026-12-06-h100-page-prefetch).
+DECODE_PAGE_PREFETCH = True
 
 # split-KV (flash-decoding): a call whose tiles (query blocks x K/V heads x batch) leave the GPU
 # partly idle has its keys split; `num_splits_heuristic` takes the fewest splits whose waves

@@ -1,7 +1,7 @@
 """A/B of a paged decode ring reading its next block's pages a round ahead
 (`Sm80Key.page_prefetch`, "ahead") against looking each row's page up as its load is issued
-("at_issue"), on the H200, in one process, beside the dense call over the same bytes
-("dense"). Timed as `bench --decode` times (cold L2: a 256 MB write between samples; the
+("at_issue"), on the lent GPU (this run: an H100), in one process, beside the dense call over
+the same bytes ("dense"). Timed as `bench --decode` times (cold L2: a 256 MB write between samples; the
 honest timer). Each method is the best of two passes in opposite orders; the two paged forms'
 outputs are compared bit for bit.
 
