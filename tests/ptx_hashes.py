@@ -12,9 +12,9 @@ configurations on sm_90a (tests/test_compile_sm90.py), the backward's kernels of
 tests/test_compile_bwd.py, then a sample of feature and decode kernels (windows, softcap,
 ragged batches, small-grid tiles, the wgmma long-call tile, GQA packing in decode and in the
 wgmma prefill, paged caches (pages looked up at issue and a round ahead), seqused_k caches,
-split-KV in two launches and in one, the merge, the deterministic and ragged backward). A kernel's file is named by its key's fields, which a
-move of its class does not change; its symbol is replaced, since it spells the kernel class's
-module path and argument types.
+split-KV in two launches and in one, the merge, the deterministic and ragged backward). A
+kernel's file is named by its key's fields, which a move of its class does not change; its
+symbol is replaced, since it spells the kernel class's module path and argument types.
 
 `compare` also accepts, as the same code, a kernel whose new PTX lacks one parameter that the
 old PTX declared and never read (an argument its key does not use, no longer passed).

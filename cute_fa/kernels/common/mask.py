@@ -65,9 +65,11 @@ def _mask_row(acc_row, n: cutlass.Constexpr, keep_from, keep_to):
         keep = _low_bits(cutlass.max(cutlass.min(keep_to - lo, 32), 0))
         if cutlass.const_expr(keep_from is not None):
             keep = keep & ~_low_bits(cutlass.max(cutlass.min(keep_from - lo, 32), 0))
+        # a select, not `a if cond else b`: on a dynamic condition the latter traces into an
+        # scf.if region per element (more tracing and more IR for the same PTX)
         for i in cutlass.range_constexpr(min(32, n - lo)):
-            acc_row[lo + i] = acc_row[lo + i] if (keep & cutlass.Uint32(1 << i)) != 0 \
-                else -cutlass.Float32.inf
+            acc_row[lo + i] = cutlass.select_((keep & cutlass.Uint32(1 << i)) != 0,
+                                              acc_row[lo + i], -cutlass.Float32.inf)
 
 
 @cute.jit
