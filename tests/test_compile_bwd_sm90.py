@@ -110,7 +110,8 @@ def test_wgmmas_stay_asynchronous(head_dim, deterministic):
 @pytest.mark.parametrize("feature", ["local", "softcap", "varlen", "deterministic"])
 def test_features_compile(feature, head_dim):
     """Every feature's kernel at each shipped head_dim class, within the spill budget (`_ptx`):
-    deterministic at head_dim 64 takes its own tiles (`tuning_bwd.BWD_SM90_DETERMINISTIC_TILES`)."""
+    deterministic at head_dim 64 takes its own tiles
+    (`tuning_bwd.BWD_SM90_DETERMINISTIC_TILES`)."""
     _, key, _ = bwd_keys(ARCH, "bfloat16", head_dim, True, **{feature: True})
     ptx = _ptx(key)
     if feature == "softcap":

@@ -338,12 +338,15 @@ def page_prefetch(request, monkeypatch):
     clear_plans()
 
 
-def _paged_keys():
-    """The kernel keys the calls since the last `clear_plans` planned with a paged cache."""
-    from cute_fa.runtime import plan
+def _planned_key(q, k, v, **kwargs):
+    """The kernel key `forward(q, k, v, **kwargs)` runs (its plan, nothing compiled)."""
+    from cute_fa.api.checks import check_forward
+    from cute_fa.runtime.call import DENSE
+    from cute_fa.runtime.device import device
+    from cute_fa.runtime.plan import plan
 
-    return [entry[2][form].key for entry in plan._DECODE.values() for form in entry[2]
-            if entry[0].page_size]
+    return plan(check_forward(DENSE, q, k, v, **kwargs), device(q.get_device()),
+                compile=False).key
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.page_size], ids=case_id)
@@ -364,8 +367,9 @@ def test_page_prefetch_is_the_lookup_at_issue_bitwise(case, monkeypatch):
             clear_plans()
             results.append(cute_fa.forward(q, kc, vc, return_lse=True, num_splits=num_splits,
                                            out=torch.full_like(q, NAN), **kwargs))
-            rings = [key for key in _paged_keys() if key.kv_stages]
-            assert all(key.page_prefetch == ahead for key in rings)
+            key = _planned_key(q, kc, vc, num_splits=num_splits, **kwargs)
+            assert key.page_size == case.page_size
+            assert key.page_prefetch == (ahead and key.kv_stages > 0)
             expected.check(*results[-1], f"num_splits={num_splits} ahead={ahead}")
         (o0, lse0), (o1, lse1) = results
         assert torch.equal(o0, o1) and torch.equal(lse0, lse1), f"num_splits={num_splits}"

@@ -4,8 +4,8 @@ batch), the gradients of `forward` / `forward_varlen` given dout, the forward's 
 Three launches (`kernels/bwd/`): D = rowsum(dout * out) and LSE in log2 units; the main kernel
 (dK, dV per key block, dQ summed into float32); dQ converted. A fourth converts dK and dV where
 the wgmma kernel splits a K/V group's query heads over CTAs (small GQA grids,
-`tuning_bwd.bwd_head_splits`), which then sum them in float32 too. Every check runs before the first
-launch, so a bad call leaves dq/dk/dv untouched. Autograd runs the same implementation
+`tuning_bwd.bwd_head_splits`), which then sum them in float32 too. Every check runs before the
+first launch, so a bad call leaves dq/dk/dv untouched. Autograd runs the same implementation
 (`runtime.run.run_backward`).
 """
 

@@ -1,9 +1,9 @@
 """A/B of a paged decode ring reading its next block's pages a round ahead
 (`Sm80Key.page_prefetch`, "ahead") against looking each row's page up as its load is issued
 ("at_issue"), on the lent GPU (this run: an H100), in one process, beside the dense call over
-the same bytes ("dense"). Timed as `bench --decode` times (cold L2: a 256 MB write between samples; the
-honest timer). Each method is the best of two passes in opposite orders; the two paged forms'
-outputs are compared bit for bit.
+the same bytes ("dense"). Timed as `bench --decode` times (cold L2: a 256 MB write between
+samples; the honest timer). Each method is the best of two passes in opposite orders; the two
+paged forms' outputs are compared bit for bit.
 
 The rule, written before run 1: DECODE_PAGE_PREFETCH ships (True) if, over all rows, the
 geometric mean of ahead / at_issue (time) is at most 0.99 and no row is above 1.03; in each
