@@ -10,6 +10,7 @@ The forward's and decode's tables; the backward's are `tuning_bwd`'s.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -257,6 +258,23 @@ def max_kv_stages(cfg: TileConfig, smem_budget: int, ctas_per_sm: int = 2, cap: 
 # 128 O + 64 S accumulators per thread) by up to 456 bytes; 128x32 compiles without spills
 # (while at 96 it is 128x32 that spills). Checked with ptxas only, not on an sm120 GPU.
 TMA_TILE_EXCEPTIONS = {("sm_120", 128): (128, 32, 128)}
+
+# The persistent TMA kernel (`TmaKey.persistent`) carries a tile loop and the next tile's
+# refills: where ptxas then spills with the one-tile kernel's S = Q K^T k-loop form, the form
+# it spills least with, by (arch, (block_m, block_n), padded head_dim, causal). On sm_90a at
+# head_dim 128: non-causal 20 bytes with fine loads, none without; causal 28 without, 4 with.
+TMA_PERSISTENT_S_GEMM_FINE = {("sm_90a", (128, 64), 128, False): False,
+                              ("sm_90a", (128, 64), 128, True): True}
+
+
+def tma_persistent(key: TmaKey, ctas: int) -> TmaKey:
+    """`key` (a TMA kernel's) persistent on `ctas` CTAs, in the k-loop form ptxas compiles
+    best for it (TMA_PERSISTENT_S_GEMM_FINE)."""
+    fine = TMA_PERSISTENT_S_GEMM_FINE.get(
+        (key.arch, (key.tile.block_m, key.tile.block_n), key.tile.head_dim_padded, key.causal),
+        key.s_gemm_fine)
+    return dataclasses.replace(key, persistent=ctas, s_gemm_fine=fine)
+
 
 # Kernels with a sliding window, a softcap or a ragged batch keep a few more values live in
 # registers (the window's edges, the softcap's scale, the entry's offsets and lengths), and

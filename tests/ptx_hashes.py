@@ -10,11 +10,12 @@ sm_120a and the TMA kernel on sm_90a and sm_120a, for every head_dim class, dtyp
 causality of the tile tables, plus the padded and eager cases), the wgmma kernel's shipped
 configurations on sm_90a (tests/test_compile_sm90.py), the backward's kernels of
 tests/test_compile_bwd.py, then a sample of feature and decode kernels (windows, softcap,
-ragged batches, small-grid tiles, the wgmma long-call tile, GQA packing in decode and in the
-wgmma prefill, paged caches (pages looked up at issue and a round ahead), seqused_k caches,
-split-KV in two launches and in one, the merge, the deterministic and ragged backward). A
-kernel's file is named by its key's fields, which a move of its class does not change; its
-symbol is replaced, since it spells the kernel class's module path and argument types.
+ragged batches, small-grid tiles, the persistent TMA kernel, the wgmma long-call tile, GQA
+packing in decode and in the wgmma prefill, paged caches (pages looked up at issue and a round
+ahead), seqused_k caches, split-KV in two launches and in one, the merge, the deterministic and
+ragged backward). A kernel's file is named by its key's fields, which a move of its class does
+not change; its symbol is replaced, since it spells the kernel class's module path and argument
+types.
 
 `compare` also accepts, as the same code, a kernel whose new PTX lacks one parameter that the
 old PTX declared and never read (an argument its key does not use, no longer passed).
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cute_fa.compile.build import compile_kernel  # noqa: E402
 from cute_fa.compile.keys import MergeKey  # noqa: E402
-from cute_fa.tuning import decode_key, kernel_key  # noqa: E402
+from cute_fa.tuning import decode_key, kernel_key, tma_persistent  # noqa: E402
 from cute_fa.tuning_bwd import bwd_keys  # noqa: E402
 from test_compile_bwd import PLAIN as BWD_PLAIN  # noqa: E402
 from test_compile_forward import ARCHS, CASES, TMA_CASES  # noqa: E402
@@ -54,6 +55,9 @@ def _feature_keys() -> list:
                           seqlen_q=512))
     out.append(kernel_key("sm_90a", "bfloat16", 64, True, "auto", seqlen_q=1))
     out.append(kernel_key("sm_90a", "bfloat16", 64, True, "auto", seqlen_q=4096))  # long tile
+    for arch, d, causal in [("sm_90a", 128, True), ("sm_90a", 64, False),
+                            ("sm_120a", 128, False)]:  # the persistent TMA kernel
+        out.append(tma_persistent(kernel_key(arch, "bfloat16", d, causal, "tma"), 264))
     for d, causal, seqlen_q, group in [(64, True, 1000, 4), (64, False, 1000, 8),
                                        (64, True, 3000, 8), (128, True, 1000, 4)]:  # packed GQA
         out.append(kernel_key("sm_90a", "bfloat16", d, causal, "sm90", seqlen_q=seqlen_q,

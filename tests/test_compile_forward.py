@@ -104,3 +104,41 @@ def test_small_grid_tiles_compile_without_spills(arch, backend, head_dim, dtype)
     ptx = compile_kernel(key, keep_ptx=True).__ptx__
     res = ptxas_resources(ptx, arch)
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0, res["log"]
+
+
+# (arch, head_dim class, causal): the persistent TMA kernel (`TmaKey.persistent`) with each
+# arch's own tiles, bf16
+TMA_PERSISTENT_CASES = [(arch, limit, causal) for arch in ("sm_90a", "sm_120a")
+                        for limit in (64, 128) for causal in (False, True)]
+
+
+@pytest.mark.parametrize("arch, head_dim, causal", TMA_PERSISTENT_CASES, ids=str)
+def test_persistent_tma_forward_compiles(arch, head_dim, causal):
+    """The persistent TMA kernel in the k-loop form `tuning.tma_persistent` picks: a loop over
+    tiles (gridDim.x strides), no spills but the 4 bytes of causal head_dim 128 on sm_90a (every
+    form spills there), the same MMAs as the one-tile kernel (its rounds traced once), and
+    Q's reload behind a proxy fence."""
+    from cute_fa.tuning import TMA_PERSISTENT_S_GEMM_FINE, tma_persistent
+
+    plain = kernel_key(arch, "bfloat16", head_dim, causal, "tma")
+    key = tma_persistent(plain, 264)
+    assert key.persistent == 264 and key.tile == plain.tile
+    ptx = compile_kernel(key, keep_ptx=True).__ptx__
+    assert ptx.count("mma.sync.aligned") == _one_round_mmas(key.tile)
+    assert "%nctaid.x" in ptx
+    assert "fence.proxy.async.shared::cta" in ptx
+    res = ptxas_resources(ptx, arch)
+    budget = 4 if (arch, (key.tile.block_m, key.tile.block_n), 128, True) in \
+        TMA_PERSISTENT_S_GEMM_FINE and causal and head_dim == 128 else 0
+    assert res["spill_stores"] <= budget and res["spill_loads"] <= budget, res["log"]
+
+
+def test_persistent_tma_refusals():
+    import dataclasses
+
+    key = kernel_key("sm_90a", "bfloat16", 128, True, "tma")
+    for bad in (-1, True, 2.0):
+        with pytest.raises(ValueError, match="persistent must be 0 or a CTA count"):
+            dataclasses.replace(key, persistent=bad)
+    with pytest.raises(ValueError, match="not with a ragged batch"):
+        dataclasses.replace(key, persistent=132, varlen_q=True, varlen_k=True)

@@ -169,6 +169,52 @@ def test_persistent_forward_window_softcap(head_dim):
     assert torch.isfinite(o).all() and torch.equal(o, single)
 
 
+@pytest.mark.parametrize("tile_arch", [None, "sm_120a"], ids=["own-tiles", "sm120-tiles"])
+@pytest.mark.parametrize("ctas", [1, 5, 264])
+@pytest.mark.parametrize("shape", PERSISTENT_SHAPES, ids=lambda s: "b{}-q{}-k{}-h{}/{}-d{}-{}-{}"
+                         .format(*s[:6], "causal" if s[6] else "full", s[7]))
+def test_persistent_tma_forward(shape, ctas, tile_arch):
+    """The persistent TMA kernel (`TmaKey.persistent`) on `ctas` CTAs, with this GPU's tiles and
+    with sm120's: against the float64 reference, and bitwise equal to the one-CTA-per-tile
+    kernel. Each CTA's ring runs on from tile to tile, its last rounds loading the next
+    tile's first key blocks; tiles that visit no key block (Sq > Sk, causal) load none."""
+    import cute_fa
+    from cute_fa.runtime.plan import overriding, tiles_of
+
+    b, sq, sk, hq, hk, d, causal, dtype = shape
+    gen = torch.Generator(device="cuda").manual_seed(sq * 5 + sk + d + ctas)
+    q = rand(b, sq, hq, d, dtype=dtype, gen=gen)
+    k = rand(b, sk, hk, d, dtype=dtype, gen=gen)
+    v = rand(b, sk, hk, d, dtype=dtype, gen=gen)
+    with tiles_of(tile_arch):
+        single, single_lse = cute_fa.forward(q, k, v, causal=causal, return_lse=True,
+                                             backend="tma")
+    out = torch.full_like(q, float("nan"))
+    with tiles_of(tile_arch), overriding(persistent=ctas):
+        o, lse = cute_fa.forward(q, k, v, causal=causal, return_lse=True, out=out,
+                                 backend="tma")
+        again = [cute_fa.forward(q, k, v, causal=causal, backend="tma") for _ in range(2)]
+    check_case(o, lse, q, k, v, causal=causal, causal_offset=sk - sq, scale=1 / math.sqrt(d))
+    assert torch.equal(o, single) and torch.equal(lse, single_lse)
+    assert all(torch.equal(a, single) for a in again)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_persistent_tma_window_softcap(head_dim):
+    """A sliding window and a softcap on the persistent TMA kernel (3 CTAs; tiles whose
+    windows hold different numbers of key blocks), bitwise equal to the one-tile kernel."""
+    import cute_fa
+    from cute_fa.runtime.plan import overriding
+
+    gen = torch.Generator(device="cuda").manual_seed(head_dim + 1)
+    q, k, v = (rand(2, 900, 4, head_dim, dtype="bfloat16", gen=gen) for _ in range(3))
+    kwargs = dict(causal=True, window_size=(200, 0), softcap=20.0, backend="tma")
+    single = cute_fa.forward(q, k, v, **kwargs)
+    with overriding(persistent=3):
+        o = cute_fa.forward(q, k, v, **kwargs)
+    assert torch.isfinite(o).all() and torch.equal(o, single)
+
+
 @pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "eager"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_tma_rescale_under_growing_max(causal, lazy):

@@ -37,6 +37,12 @@ class KernelKey:
     backend: ClassVar[str] = ""
 
 
+def _check_persistent(persistent) -> None:
+    """A persistent key's CTA count: 0 (one CTA per tile) or a positive int."""
+    if isinstance(persistent, bool) or not isinstance(persistent, int) or persistent < 0:
+        raise ValueError(f"persistent must be 0 or a CTA count, got {persistent!r}")
+
+
 @dataclass(frozen=True)
 class Sm80Key(KernelKey):
     """The cp.async kernel (`kernels/fwd/sm80.py`) and its decode features: pack_gqa query heads
@@ -83,13 +89,23 @@ class TmaKey(KernelKey):
     skips O's rescale while the row max has grown little; s_gemm_fine loads K's fragments one
     k-step ahead (else a whole tile's at once) and s_gemm_python_unrolled traces the
     S = Q K^T k-loop step by step (else the compiler unrolls it): `tuning` picks whichever
-    ptxas compiles without spills."""
+    ptxas compiles without spills. persistent > 0: a grid of at most that many CTAs (the GPU's
+    SMs times the CTAs one SM holds), each looping over tiles in a fixed stride
+    (`kernels.sched.tile_scheduler.PersistentTileScheduler`), the ring's last rounds of a tile
+    loading the next tile's first K/V blocks; 0: one CTA per tile."""
 
     kv_stages: int = 2
     lazy_rescale: bool = True
     s_gemm_fine: bool = True
     s_gemm_python_unrolled: bool = False
+    persistent: int = 0
     backend: ClassVar[str] = "tma"
+
+    def __post_init__(self):
+        _check_persistent(self.persistent)
+        if self.persistent and (self.varlen_q or self.varlen_k):
+            raise ValueError("persistent loops over the tiles of a dense call: not with a "
+                             "ragged batch")
 
 
 @dataclass(frozen=True)
@@ -119,9 +135,7 @@ class Sm90Key(KernelKey):
     backend: ClassVar[str] = "sm90"
 
     def __post_init__(self):
-        if isinstance(self.persistent, bool) or not isinstance(self.persistent, int) \
-                or self.persistent < 0:
-            raise ValueError(f"persistent must be 0 or a CTA count, got {self.persistent!r}")
+        _check_persistent(self.persistent)
         if self.persistent and (self.varlen_q or self.varlen_k or not self.tma_store):
             raise ValueError("persistent loops over the tiles of a dense call (one TMA store "
                              "of O per tile): not with a ragged batch or tma_store=False")

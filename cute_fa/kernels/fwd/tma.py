@@ -39,6 +39,8 @@ from typing import Optional
 
 from ...compile.keys import TmaKey
 from ...layouts import ring, smem, tma
+from ..sched.seqlen import SeqlenInfo
+from ..sched.tile_scheduler import PersistentTileScheduler
 from .base import FlashFwdBase, RoundContext, RoundSlot
 from ..common.gemm import gemm_ldmatrix
 from ..common.softmax import score_scales
@@ -64,6 +66,20 @@ class TmaLoads:
     bar_V: object
     bar_E: object
     tile_bytes: int
+    base: object = None
+    next_tile: object = None  # a persistent CTA's: a function giving its NextTileLoads
+
+
+@dataclass(frozen=True)
+class NextTileLoads:
+    """A persistent CTA's next tile as its ring's refills see it: K's and V's TMA partitions of
+    its batch entry and K/V head, the key block its rounds start below, and its round count
+    (0 where there is no next tile)."""
+
+    tKgK: object
+    tVgV: object
+    n_block_max: object
+    n_rounds: object
 
 
 class FlashFwdTma(FlashFwdBase):
@@ -75,6 +91,10 @@ class FlashFwdTma(FlashFwdBase):
         self.s_gemm_fine = key.s_gemm_fine
         self.s_gemm_python_unrolled = key.s_gemm_python_unrolled
         self.lazy_threshold = LAZY_RESCALE_THRESHOLD if key.lazy_rescale else None
+        self.persistent = key.persistent
+        if key.persistent:
+            self.tiles = PersistentTileScheduler(key.tile.block_m, key.causal, key.lpt,
+                                                 key.persistent)
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
@@ -93,7 +113,10 @@ class FlashFwdTma(FlashFwdBase):
         sKV_layout = smem.smem_layout_kv(cfg, self.kv_stages)
         Storage = smem.shared_storage(cfg, self.kv_stages)
         scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
-        grid = self._grid(mQ, mCuSeqlensQ, max_seqlen_q)
+        if cutlass.const_expr(self.persistent):
+            grid = self.tiles.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0])
+        else:
+            grid = self._grid(mQ, mCuSeqlensQ, max_seqlen_q)
         self._launch(self.kernel(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO,
                                  mLSE, scale_log2, causal_offset, write_lse,
                                  sQ_layout, sKV_layout, Storage, mCuSeqlensQ, mCuSeqlensK,
@@ -110,6 +133,20 @@ class FlashFwdTma(FlashFwdBase):
                Storage: cutlass.Constexpr, mCuSeqlensQ: Optional[cute.Tensor],
                mCuSeqlensK: Optional[cute.Tensor], window_left: Optional[cutlass.Int32],
                window_right: Optional[cutlass.Int32], softcap_scale: Optional[cutlass.Float32]):
+        if cutlass.const_expr(self.persistent):
+            self._persistent(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
+                             scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout,
+                             Storage, window_left, window_right, softcap_scale)
+        else:
+            self._single(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
+                         scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout, Storage,
+                         mCuSeqlensQ, mCuSeqlensK, window_left, window_right, softcap_scale)
+
+    @cute.jit
+    def _single(self, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
+                scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout, Storage,
+                mCuSeqlensQ, mCuSeqlensK, window_left, window_right, softcap_scale):
+        """One CTA, one tile (`SingleTileScheduler`)."""
         cfg = self.cfg
         stages = self.kv_stages
         tidx, _, _ = cute.arch.thread_idx()
@@ -172,22 +209,124 @@ class FlashFwdTma(FlashFwdBase):
         self.write_epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx)
 
     @cute.jit
-    def _load_kv(self, ld: TmaLoads, round_index, n_block):
-        """Warp 0: start the K and V tiles of key block n_block into the round's stage."""
+    def _persistent(self, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
+                    scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout, Storage,
+                    window_left, window_right, softcap_scale):
+        """A persistent CTA (`PersistentTileScheduler`): tiles blockIdx.x, blockIdx.x +
+        gridDim.x, ... The ring's round count runs on across tiles, and a tile's refills past
+        its own last round load the next tile's first key blocks into the stages it frees,
+        so that they land under this tile's last rounds and epilogue. Q's buffer holds O in
+        the epilogue, so the next Q is loaded behind it (one CTA barrier per tile); the
+        other CTAs on the SM run meanwhile."""
+        cfg = self.cfg
+        stages = self.kv_stages
+        tidx, _, _ = cute.arch.thread_idx()
+        seqlen = SeqlenInfo(self._tma_seqlen_q(tma_Q), tma_K.shape[0])
+        heads_q, heads_kv = tma_Q.shape[2], tma_K.shape[2]
+        total = self.tiles.tiles(seqlen.seqlen_q, heads_q, tma_Q.shape[3])
+        step = cute.arch.grid_dim()[0]
+
+        storage = cutlass.memory.SmemAllocator().allocate(Storage)
+        sQ = storage.sQ.get_tensor(sQ_layout)
+        sK = storage.sK.get_tensor(sKV_layout)
+        sV = storage.sV.get_tensor(sKV_layout)
+        sVt = smem.transposed_v(sV, cfg, stages)
+        bars = ring.RingBarriers(stages)
+        mbar = storage.mbar.data_ptr()
+        bar_Q, bar_K, bar_V, bar_E = (mbar + i for i in (bars.q, bars.k, bars.v, bars.empty))
+        box_Q, box_KV = tma.tma_box(cfg, "Q"), tma.tma_box(cfg, "K")
+
+        warp0 = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0
+        if warp0:
+            with cute.arch.elect_one():
+                for i in cutlass.range_constexpr(bars.empty):
+                    cute.arch.mbarrier_init(bar_Q + i, 1)
+                for i in cutlass.range_constexpr(stages):
+                    cute.arch.mbarrier_init(bar_E + i, cfg.num_threads)
+                cute.arch.mbarrier_init_fence()
+                cpasync.prefetch_descriptor(tma_atom_Q)
+                cpasync.prefetch_descriptor(tma_atom_K)
+                cpasync.prefetch_descriptor(tma_atom_V)
+        cute.arch.barrier()
+
+        rounds = cutlass.Int32(0)  # the ring's rounds before this tile's
+        done = cutlass.Int32(0)  # tiles before this one (Q's barrier phase)
+        n_prev = cutlass.Int32(0)  # the previous tile's rounds
+        t = cute.arch.block_idx()[0]
+        while t < total:
+            tile = self.tiles.tile(t, seqlen.seqlen_q, heads_q, heads_kv)
+            keys = self._key_range(tile, seqlen, causal_offset, window_left, window_right)
+            n_rounds = self._n_rounds(keys.n_block_max, keys.n_block_min)
+            tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self._tma_partitions(
+                storage, stages, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tile,
+                seqlen)
+
+            def next_tile(t_next=t + step):
+                # traced where a refill runs past the tile (warp 0, the last rounds): nothing
+                # of the next tile stays live in registers through the others
+                following = self.tiles.tile(t_next, seqlen.seqlen_q, heads_q, heads_kv)
+                following_keys = self._key_range(following, seqlen, causal_offset,
+                                                  window_left, window_right)
+                parts = self._tma_partitions(storage, stages, tma_atom_Q, tma_Q, tma_atom_K,
+                                             tma_K, tma_atom_V, tma_V, following, seqlen)
+                n_rounds_next = cutlass.select_(
+                    t_next < total, self._n_rounds(following_keys.n_block_max,
+                                                   following_keys.n_block_min), 0)
+                return NextTileLoads(parts[3], parts[5], following_keys.n_block_max,
+                                     n_rounds_next)
+
+            loads = TmaLoads(tma_atom_K, tKgK, tKsK, bar_K, tma_atom_V, tVgV, tVsV, bar_V, bar_E,
+                             box_KV.tile_bytes, rounds, next_tile)
+            if warp0:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(bar_Q, box_Q.tile_bytes)
+                cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=bar_Q)
+                # the previous tile's last rounds loaded this one's rounds from
+                # stages - n_prev on
+                for i in cutlass.range_constexpr(stages):
+                    if (i < n_rounds) & (i < stages - n_prev):
+                        self._load_kv(loads, i, keys.n_block_max - 1 - i)
+
+            thr = thread_mma(cfg, tidx, sQ, sK, sVt, sK[None, None, 0], sVt[None, None, 0],
+                             scale_log2, self.lazy_threshold)
+            cute.arch.mbarrier_wait(bar_Q, done % 2)
+            ctx = self._context(thr, tile.m_block, seqlen, keys, loads,
+                                softcap_scale=softcap_scale)
+            self.run_rounds(ctx)
+            self.write_epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx)
+            # every thread's reads and writes of sQ (O, generic proxy) come before the next
+            # Q's TMA writes there (async proxy)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier()
+            rounds += n_rounds
+            done += 1
+            n_prev = n_rounds
+            t += step
+
+    @cute.jit
+    def _load_kv(self, ld: TmaLoads, round_index, n_block, tKgK=None, tVgV=None):
+        """Warp 0: start the K and V tiles of key block n_block into the stage of the tile's
+        round round_index (the ring's round ld.base + round_index where a persistent CTA
+        counts on); tKgK/tVgV: another tile's partitions (the next one's), else ld's."""
+        if cutlass.const_expr(ld.base is not None):
+            round_index = ld.base + round_index
+        if cutlass.const_expr(tKgK is None):
+            tKgK, tVgV = ld.tKgK, ld.tVgV
         stage, _ = ring.ring_slot(round_index, self.kv_stages)
         with cute.arch.elect_one():
             cute.arch.mbarrier_arrive_and_expect_tx(ld.bar_K + stage, ld.tile_bytes)
             cute.arch.mbarrier_arrive_and_expect_tx(ld.bar_V + stage, ld.tile_bytes)
-        cute.copy(ld.tma_atom_K, ld.tKgK[None, n_block], ld.tKsK[None, stage],
+        cute.copy(ld.tma_atom_K, tKgK[None, n_block], ld.tKsK[None, stage],
                   tma_bar_ptr=ld.bar_K + stage)
-        cute.copy(ld.tma_atom_V, ld.tVgV[None, n_block], ld.tVsV[None, stage],
+        cute.copy(ld.tma_atom_V, tVgV[None, n_block], ld.tVsV[None, stage],
                   tma_bar_ptr=ld.bar_V + stage)
 
     # ---- the round's hooks (base.FlashFwdBase.run_round) ----
 
     def round_slot(self, ctx: RoundContext, i) -> RoundSlot:
         n_block = ctx.n_block_max - 1 - i
-        stage, phase = ring.ring_slot(i, self.kv_stages)
+        base = ctx.loads.base
+        stage, phase = ring.ring_slot(i if base is None else base + i, self.kv_stages)
         return RoundSlot(i, n_block, stage, phase)
 
     def before_s(self, ctx: RoundContext, slot: RoundSlot, masked):
@@ -217,3 +356,12 @@ class FlashFwdTma(FlashFwdBase):
             if slot.i + self.kv_stages < self._n_rounds(ctx.n_block_max, ctx.n_block_min):
                 cute.arch.mbarrier_wait(ctx.loads.bar_E + slot.stage, slot.phase)
                 self._load_kv(ctx.loads, slot.i + self.kv_stages, slot.n_block - self.kv_stages)
+            if cutlass.const_expr(ctx.loads.next_tile is not None):
+                # past this tile's rounds: the next tile's round j, into the same stage
+                j = slot.i + self.kv_stages - self._n_rounds(ctx.n_block_max, ctx.n_block_min)
+                if j >= 0:
+                    nxt = ctx.loads.next_tile()
+                    if j < nxt.n_rounds:
+                        cute.arch.mbarrier_wait(ctx.loads.bar_E + slot.stage, slot.phase)
+                        self._load_kv(ctx.loads, slot.i + self.kv_stages,
+                                      nxt.n_block_max - 1 - j, nxt.tKgK, nxt.tVgV)
