@@ -300,3 +300,60 @@ def test_auto_splits_a_small_gqa_batch():
     if device(0).num_sms == 132:  # 16 key blocks x 8 K/V heads = 128 CTAs; causal wants 1056
         assert plan(call, device(0)).head_splits == 4
     check_grads(_sm90_grads(q, k, v, dout, causal=True), q, k, v, dout, causal=True)
+
+
+# the persistent backward (`BwdSm90Key.persistent`): (batch, seqlen_q, seqlen_k, heads_q,
+# heads_kv, head_dim), each tile's dQ sums, dK and dV; few CTAs, so that each walks many tiles
+PERSISTENT_GRID = [
+    (2, 177, 177, 4, 2, 64),
+    (1, 333, 200, 8, 2, 128),
+    (2, 200, 333, 4, 1, 128),
+    (3, 1, 77, 2, 2, 128),
+    (1, 1100, 1100, 8, 8, 64),
+    (1, 333, 200, 4, 2, 256),
+    (1, 700, 700, 4, 4, 192),
+]
+
+
+def _persistent_grads(monkeypatch, q, k, v, dout, ctas, **kw):
+    """_sm90_grads on the persistent kernel of `ctas` CTAs (GQA groups unsplit: the
+    persistent key takes no kv_accum), after checking that the plan is that kernel."""
+    from cute_fa.api.checks import check_backward
+    from cute_fa.runtime.device import device
+    from cute_fa.runtime.plan import overriding_backward, plan
+
+    _force_splits(monkeypatch, 1)
+    out, lse = cute_fa.forward(q, k, v, return_lse=True, **kw)
+    with overriding_backward(persistent=ctas):
+        call = check_backward("dense", dout, q, k, v, out, lse, backend="sm90", **kw)
+        assert plan(call, device(0)).keys[1].persistent == ctas
+        return _sm90_grads(q, k, v, dout, **kw)
+
+
+@needs_sm90
+@pytest.mark.parametrize("shape", PERSISTENT_GRID, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("ctas", [1, 5, 132])
+def test_persistent_gradients(monkeypatch, shape, causal, ctas):
+    """The flash-attn criterion, and dK and dV bitwise equal to the one-tile kernel's (each
+    tile's products in the same order; dQ's float32 sums are added in another order)."""
+    q, k, v, dout = _inputs(shape, torch.bfloat16, sum(shape) + ctas + causal)
+    got = _persistent_grads(monkeypatch, q, k, v, dout, ctas, causal=causal)
+    check_grads(got, q, k, v, dout, causal=causal)
+    single = _sm90_grads(q, k, v, dout, causal=causal)
+    assert torch.equal(got[1], single[1]) and torch.equal(got[2], single[2])
+
+
+@needs_sm90
+@pytest.mark.parametrize("kw", [dict(window_size=(40, 0)), dict(window_size=(64, 16),
+                                                                 softcap=20.0)],
+                         ids=["window_causal", "window_softcap"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("shape", [(2, 300, 260, 4, 2), (1, 130, 520, 6, 3)],
+                         ids=["sq_gt_sk", "tiles_without_queries"])
+def test_persistent_window_softcap(monkeypatch, kw, head_dim, shape):
+    """Windows, softcap; at Sk = 4 Sq the first key blocks see no query (tiles without steps,
+    whose dK and dV are zeros)."""
+    q, k, v, dout = _inputs(shape + (head_dim,), torch.float16, 13)
+    got = _persistent_grads(monkeypatch, q, k, v, dout, 7, causal=True, **kw)
+    check_grads(got, q, k, v, dout, causal=True, **kw)

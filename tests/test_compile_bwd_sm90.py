@@ -292,3 +292,31 @@ def test_row_tile_takes_the_tile_atom():
     assert RowTile(192, 64, 256, "bfloat16", pad=64, atom_cols=32).smem_atom_cols == 32
     with pytest.raises(ValueError, match="atom_cols must be 0, 32 or 64"):
         RowTile(192, 64, 256, "bfloat16", pad=64, atom_cols=16)
+
+
+@pytest.mark.parametrize("head_dim", sorted(BWD_SM90_TILES))
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_compiles(head_dim, causal):
+    """The persistent form (`BwdSm90Key.persistent`) of every shipped tile: the same products,
+    register split and spill budget (`_ptx`), a tile loop striding by the grid (%nctaid.x,
+    which the one-tile kernel does not read) and one more mbarrier (K/V empty)."""
+    from cute_fa.layouts.bwd_wgmma import QBarriers
+
+    _, key, _ = bwd_keys(ARCH, "bfloat16", head_dim, causal)
+    single = _ptx(key)
+    ptx = _ptx(dataclasses.replace(key, persistent=132))
+    assert "%nctaid.x" in ptx and "%nctaid.x" not in single
+    cfg = key.tile
+    assert single.count("mbarrier.init") == QBarriers(cfg.q_stages, cfg.dq_writer).count
+    assert ptx.count("mbarrier.init") == QBarriers(cfg.q_stages, cfg.dq_writer, True).count
+
+
+def test_persistent_refusals():
+    _, key, _ = bwd_keys(ARCH, "bfloat16", 128, False)
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="persistent must be 0 or a CTA count"):
+            dataclasses.replace(key, persistent=bad)
+    for change in (dict(deterministic=True), dict(kv_accum=True),
+                   dict(varlen_q=True, varlen_k=True)):
+        with pytest.raises(ValueError, match="persistent loops over the key blocks"):
+            dataclasses.replace(key, persistent=132, **change)

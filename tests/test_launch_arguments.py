@@ -283,3 +283,33 @@ def test_auto_pack_gqa_ragged(launches, monkeypatch):
                            causal=True, backend="sm90")
     (key, _), = recorded
     assert key.pack_gqa == 1 and key.varlen_q
+
+
+def test_backward_overrides(launches, monkeypatch):
+    """`overriding_backward` replaces fields of the backward's main key only (the forward's keys
+    and the backward's pre- and postprocess keep theirs, the postprocess the main key's tile),
+    and the persistent main key takes the one-tile kernel's arguments; a field the key lacks is
+    a TypeError naming it, and a GQA group the plan splits over CTAs cannot run persistent."""
+    from cute_fa.runtime import plan
+    from cute_fa.runtime.plan import overriding_backward
+
+    recorded, _ = launches
+    q, k, v = qkv(hq=2, hk=2)
+    out, lse = torch.randn_like(q), torch.randn(2, 2, 300)
+    cute_fa.backward(out, q, k, v, out, lse, causal=True, backend="sm90")
+    plain = [key for key, _ in recorded]
+    recorded.clear()
+    with overriding_backward(persistent=132):
+        cute_fa.backward(out, q, k, v, out, lse, causal=True, backend="sm90")
+    keys = [key for key, _ in recorded]
+    assert [key.backend for key in keys] == [key.backend for key in plain]
+    main = keys[1]
+    assert main.backend == "bwd_sm90" and main == dataclasses.replace(plain[1], persistent=132)
+    assert keys[0] == plain[0] and keys[2] == plain[2] and keys[2].tile == main.tile
+    _takes_exactly_what_its_key_uses(main, recorded[1][1])
+    with overriding_backward(no_such_field=1), pytest.raises(TypeError, match="no_such_field"):
+        cute_fa.backward(out, q, k, v, out, lse, causal=True, backend="sm90")
+    q, k, v = qkv(b=1, hq=8, hk=1, d=128)
+    monkeypatch.setattr(plan, "bwd_head_splits", lambda *args: 4)
+    with overriding_backward(persistent=132), pytest.raises(ValueError, match="kv_accum"):
+        cute_fa.backward(q, q, k, v, q, torch.randn(1, 8, 300), causal=True, backend="sm90")

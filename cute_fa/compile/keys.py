@@ -206,11 +206,15 @@ class BwdSm90Key(KernelKey):
     argument), which add their dK and dV into float32 sums (`layouts.bwd.kv_accum_chunk`) that
     `BwdKvPostKey`'s kernel converts; without it one CTA visits the whole group and stores dK
     and dV itself. With deterministic too, the CTAs of a key block add their sums in the order
-    of their shares, on a counter per key block (`ordered_kv_sums`)."""
+    of their shares, on a counter per key block (`ordered_kv_sums`). persistent > 0: a grid of
+    at most that many CTAs, each looping over (key block, K/V head, batch entry) tiles at a
+    fixed stride, the next tile's Q and dO loads running under this tile's last query blocks
+    and its dK/dV epilogue; 0: one CTA per tile."""
 
     tile: WgmmaBwdTileConfig = None
     deterministic: bool = False
     kv_accum: bool = False
+    persistent: int = 0
     backend: ClassVar[str] = "bwd_sm90"
 
     def __post_init__(self):
@@ -218,6 +222,14 @@ class BwdSm90Key(KernelKey):
         if self.ctas_per_sm:
             raise ValueError(f"the wgmma backward's CTAs per SM are its tile's "
                              f"(tile.ctas_per_sm), got ctas_per_sm={self.ctas_per_sm}")
+        _check_persistent(self.persistent)
+        if self.persistent and (self.varlen_q or self.varlen_k or self.kv_accum
+                                or self.deterministic):
+            # deterministic: causal turns run from the last key block down, so a tile could
+            # wait for a turn owed by a later tile queued behind it on its own CTA
+            raise ValueError("persistent loops over the key blocks of a dense call, each CTA "
+                             "storing its own dK and dV: not with a ragged batch, kv_accum or "
+                             "deterministic")
 
     @property
     def ordered_kv_sums(self) -> bool:

@@ -151,11 +151,14 @@ class QBarriers:
     thread, once every product reading the stage is done and its LSE/D rows are read). With
     a dQ writer (`WgmmaBwdTileConfig.dq_writer`) two more: dQ full (one arrival per consumer
     thread, its share of the block stored) and dQ empty (the writer's one, once the bulk
-    reduction has read the block)."""
+    reduction has read the block). A persistent kernel (`BwdSm90Key.persistent`) has one more
+    last: K/V empty (one arrival per consumer thread, once a tile's dK and dV have left the K
+    and V tiles they are staged in), before which the next tile's K and V are not loaded."""
 
-    def __init__(self, stages: int, dq_writer: bool = False):
+    def __init__(self, stages: int, dq_writer: bool = False, persistent: bool = False):
         self.stages = stages
         self.dq_writer = dq_writer
+        self.persistent = persistent
 
     kv = 0
     q_full = 1
@@ -181,5 +184,11 @@ class QBarriers:
         return 2 + 4 * self.stages
 
     @property
+    def kv_empty(self) -> int:
+        if not self.persistent:
+            raise AttributeError("only a persistent kernel has a K/V empty barrier")
+        return self.count - 1
+
+    @property
     def count(self) -> int:
-        return 1 + 4 * self.stages + (2 if self.dq_writer else 0)
+        return 1 + 4 * self.stages + (2 if self.dq_writer else 0) + int(self.persistent)

@@ -73,10 +73,12 @@ class MergePlan(NamedTuple):
 
 class Overrides(NamedTuple):
     """tile_arch: the arch whose tables choose tiles, stages and backends (None: the
-    device's); changes: key fields replaced in every forward kernel key planned."""
+    device's); changes: key fields replaced in every forward kernel key planned;
+    backward_changes: in every backward main kernel key planned."""
 
     tile_arch: str | None = None
     changes: tuple = ()
+    backward_changes: tuple = ()
 
 
 _OVERRIDES = [Overrides()]
@@ -103,6 +105,19 @@ def overriding(**changes):
     call."""
     previous = _OVERRIDES[0]
     _OVERRIDES[0] = previous._replace(changes=tuple(sorted(changes.items())))
+    try:
+        yield
+    finally:
+        _OVERRIDES[0] = previous
+
+
+@contextlib.contextmanager
+def overriding_backward(**changes):
+    """As `overriding`, for the backward: every backward main kernel key planned within the
+    block has these fields replaced (e.g. `persistent=132`); its postprocess keys follow the
+    main key's tile."""
+    previous = _OVERRIDES[0]
+    _OVERRIDES[0] = previous._replace(backward_changes=tuple(sorted(changes.items())))
     try:
         yield
     finally:
@@ -264,8 +279,7 @@ def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan
     over = _OVERRIDES[0]
     f = call.features
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
-             f.softcap > 0, call.layout, call.deterministic, call.backend, over.tile_arch,
-             compile)
+             f.softcap > 0, call.layout, call.deterministic, call.backend, over, compile)
     main = _BACKWARD_MAIN.get(route)
     if main is None:
         main = _BACKWARD_MAIN[route] = _backward_keys(call, device, 1)[1]
@@ -283,10 +297,15 @@ def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan
 
 def _backward_keys(call: BackwardCall, device: Device, head_splits: int) -> tuple:
     f = call.features
-    return bwd_keys(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
+    over = _OVERRIDES[0]
+    keys = bwd_keys(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
                     local=f.local, softcap=f.softcap > 0, varlen=call.layout == RAGGED,
-                    deterministic=call.deterministic, tile_arch=_OVERRIDES[0].tile_arch,
+                    deterministic=call.deterministic, tile_arch=over.tile_arch,
                     backend=call.backend, head_splits=head_splits)
+    if not over.backward_changes:
+        return keys
+    main = _changed(keys[1], over.backward_changes)
+    return (keys[0], main) + tuple(dataclasses.replace(k, tile=main.tile) for k in keys[2:])
 
 
 def _backward_plan(call: BackwardCall, device: Device, compile: bool,

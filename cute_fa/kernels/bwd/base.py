@@ -227,3 +227,18 @@ class RowData:
     d: object
     dq_accum: object
     head: object
+
+
+@dataclass(frozen=True)
+class Grads:
+    """Where a CTA's gradients go: dQ's float32 sums, dK and dV (or, under kv_accum, their
+    float32 sums), and the deterministic mode's counters of dQ's and (under kv_accum) of dK
+    and dV's sums (None where the key has none)."""
+
+    dq_accum: object
+    dk: object
+    dv: object
+    dk_accum: object
+    dv_accum: object
+    semaphore: object
+    kv_semaphore: object

@@ -45,6 +45,9 @@ deterministic: as the sm80 kernel (`base.FlashBwdBase._turn`), one CTA at a time
 block's dQ sums, in key-block order, passing the turn on a counter: the consumers wait for it,
 or under dq_writer the writer warp does, while the consumers run on (one block ahead).
 
+persistent (`BwdSm90Key.persistent`, `persistent.py`): fewer CTAs, each walking key-block
+tiles at a fixed stride, the next tile's Q and dO loads under this one's last query blocks.
+
 kv_accum (a K/V group's query heads split over head_splits CTAs, so that a small batch of few
 K/V heads still fills the GPU and a causal grid's long key blocks are cut down): each CTA
 visits its share of the group and adds its dK and dV into float32 sums, as dQ's, which the
@@ -54,7 +57,6 @@ counter per key block.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import cutlass
@@ -70,17 +72,26 @@ from ..common.softmax import score_scales
 from ..common.thread_mma import tile_place
 from ..common.thread_wgmma import gemm
 from ..sched.seqlen import SeqlenInfo, tma_entry_rows
-from .base import FlashBwdBase, QueryBlocks
+from .base import FlashBwdBase, Grads, QueryBlocks
+from .persistent import PersistentTiles
 
 CONSUMER_BARRIER = 1  # named barrier of the consumer warpgroups (0 is the CTA's)
 
 
-class FlashBwdSm90(FlashBwdBase):
+def _ring_index(i, base):
+    """The ring round of a CTA's step i: i in a one-tile CTA (base None); base + i in a
+    persistent one, whose rounds run on across its tiles (base: those of its earlier tiles)."""
+    return i if base is None else base + i
+
+
+class FlashBwdSm90(PersistentTiles, FlashBwdBase):
     """Built from a `compile.keys.BwdSm90Key`."""
 
     def __init__(self, key):
         super().__init__(key)
-        self.bars = bwd_wgmma.QBarriers(self.cfg.q_stages, self.cfg.dq_writer)
+        self.persistent = key.persistent
+        self.bars = bwd_wgmma.QBarriers(self.cfg.q_stages, self.cfg.dq_writer,
+                                        bool(key.persistent))
         self.roles = wgmma.WarpRoles(self.cfg.consumers, self.cfg.ctas_per_sm)
         # the tile's CTAs per SM (the key carries none) for ptxas (.minnctapersm): where it is
         # two, and for the split-d tile of 64-byte atoms (head_dim 192), where ptxas cannot
@@ -120,9 +131,13 @@ class FlashBwdSm90(FlashBwdBase):
         scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
         keys = max_seqlen_k if cutlass.const_expr(self.varlen_k) else mK.shape[1]
         heads = mK.shape[2] * head_splits if cutlass.const_expr(self.kv_accum) else mK.shape[2]
-        grid = (cute.ceil_div(keys, cfg.block_n), cute.size(heads),
-                cute.size(mCuSeqlensQ.shape[0] - 1 if cutlass.const_expr(self.varlen_q)
-                          else mQ.shape[0]))
+        if cutlass.const_expr(self.persistent):
+            tiles = cute.ceil_div(keys, cfg.block_n) * heads * mQ.shape[0]
+            grid = (cutlass.max(cutlass.min(tiles, self.persistent), 1), 1, 1)
+        else:
+            grid = (cute.ceil_div(keys, cfg.block_n), cute.size(heads),
+                    cute.size(mCuSeqlensQ.shape[0] - 1 if cutlass.const_expr(self.varlen_q)
+                              else mQ.shape[0]))
         self.kernel(tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V,
                     tma_V, mLSE, mD, mdQaccum, mdK, mdV, scale_log2, softmax_scale,
                     causal_offset, Storage, mCuSeqlensQ, mCuSeqlensK, window_left,
@@ -143,16 +158,22 @@ class FlashBwdSm90(FlashBwdBase):
                softcap_scale: Optional[cutlass.Float32], mSemaphore: Optional[cute.Tensor],
                mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor],
                head_splits: Optional[cutlass.Int32], mKvSemaphore: Optional[cute.Tensor]):
-        cfg, bars = self.cfg, self.bars
-        tidx, _, _ = cute.arch.thread_idx()
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        work = self._work(tma_Q, tma_K, 0, 2, causal_offset, mCuSeqlensQ, mCuSeqlensK,
-                          head_splits)
-        n_block, head_kv, batch, seqlen = work.n_block, work.head_kv, work.batch, work.seqlen
-        causal_offset, group, head0 = work.causal_offset, work.group, work.head0
+        if cutlass.const_expr(self.persistent):
+            self._persistent(tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K,
+                             tma_atom_V, tma_V, mLSE, mD, mdQaccum, mdK, mdV, scale_log2,
+                             softmax_scale, causal_offset, Storage, window_left, window_right,
+                             softcap_scale)
+        else:
+            self._single(tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V,
+                         tma_V, mLSE, mD, mdQaccum, mdK, mdV, scale_log2, softmax_scale,
+                         causal_offset, Storage, mCuSeqlensQ, mCuSeqlensK, window_left,
+                         window_right, softcap_scale, mSemaphore, mdKaccum, mdVaccum,
+                         head_splits, mKvSemaphore)
 
-        storage = cutlass.memory.SmemAllocator().allocate(Storage)
-        mbar = storage.mbar.data_ptr()
+    @cute.jit
+    def _init_barriers(self, mbar, warp):
+        """Warp 0 initializes every mbarrier (`layouts.bwd_wgmma.QBarriers`)."""
+        cfg, bars = self.cfg, self.bars
         if warp == 0:
             with cute.arch.elect_one():
                 for i in cutlass.range_constexpr(bars.rows_full):  # K/V, Q and dO full
@@ -164,8 +185,28 @@ class FlashBwdSm90(FlashBwdBase):
                 if cutlass.const_expr(cfg.dq_writer):
                     cute.arch.mbarrier_init(mbar + bars.dq_full, cfg.num_threads)
                     cute.arch.mbarrier_init(mbar + bars.dq_empty, 1)
+                if cutlass.const_expr(self.persistent):
+                    cute.arch.mbarrier_init(mbar + bars.kv_empty, cfg.num_threads)
                 cute.arch.mbarrier_init_fence()
         cute.arch.barrier()
+
+    @cute.jit
+    def _single(self, tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V,
+                tma_V, mLSE, mD, mdQaccum, mdK, mdV, scale_log2, softmax_scale, causal_offset,
+                Storage, mCuSeqlensQ, mCuSeqlensK, window_left, window_right, softcap_scale,
+                mSemaphore, mdKaccum, mdVaccum, head_splits, mKvSemaphore):
+        """One CTA, one key block (the grid's x), K/V head (y; under kv_accum with its share)
+        and batch entry (z)."""
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        work = self._work(tma_Q, tma_K, 0, 2, causal_offset, mCuSeqlensQ, mCuSeqlensK,
+                          head_splits)
+        n_block, head_kv, batch, seqlen = work.n_block, work.head_kv, work.batch, work.seqlen
+        causal_offset, group, head0 = work.causal_offset, work.group, work.head0
+
+        storage = cutlass.memory.SmemAllocator().allocate(Storage)
+        self._init_barriers(storage.mbar.data_ptr(), warp)
 
         # a ragged batch's short entries have fewer key blocks than the grid
         if n_block * cfg.block_n < seqlen.seqlen_k:
@@ -217,49 +258,68 @@ class FlashBwdSm90(FlashBwdBase):
                  head0, n_block, per_head, steps):
         """Warp 0: K and V once, then Q and dO of every step, each stage refilled once its
         consumers have released it. The copies elect their own lane."""
-        cfg, bars = self.cfg, self.bars
-        bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
-        mbar = storage.mbar.data_ptr()
-        one_cta = cute.make_layout(1)
         if steps > 0:
-            sQ = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q", cfg.q_stages))
-            sdO = storage.sdO.get_tensor(tma.tma_smem_layout(cfg, "Q", cfg.q_stages))
-            sK = storage.sK.get_tensor(tma.tma_smem_layout(cfg, "K"))
-            sV = storage.sV.get_tensor(tma.tma_smem_layout(cfg, "K"))
-            q_bytes = bm * dp * cfg.elem_bytes
-            kv_bytes = bn * dp * cfg.elem_bytes
-            with cute.arch.elect_one():
-                for atom in (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V):
-                    cpasync.prefetch_descriptor(atom)
-                cute.arch.mbarrier_arrive_and_expect_tx(mbar + bars.kv, 2 * kv_bytes)
-            for atom, src, dst in ((tma_atom_K, tma_K, sK), (tma_atom_V, tma_V, sV)):
-                gKV = cute.local_tile(tma_entry_rows(src, batch, head_kv, seqlen.offset_k),
-                                      (bn, dp), (n_block, 0))
-                tKVsKV, tKVgKV = cpasync.tma_partition(atom, 0, one_cta,
-                                                       cute.group_modes(dst, 0, 2),
-                                                       cute.group_modes(gKV, 0, 2))
-                cute.copy(atom, tKVgKV, tKVsKV, tma_bar_ptr=mbar + bars.kv)
+            self._load_kv(storage, tma_atom_K, tma_K, tma_atom_V, tma_V, seqlen, batch,
+                          head_kv, n_block, (tma_atom_Q, tma_atom_dO, tma_atom_K, tma_atom_V))
             for i in cutlass.range(steps, unroll=1):
-                head, m_block = self._step_place(i, blocks, head0, per_head)
-                stage = self._wait_empty(mbar, i)
-                for atom, src, dst, full in ((tma_atom_Q, tma_Q, sQ, bars.q_full),
-                                             (tma_atom_dO, tma_dO, sdO, bars.do_full)):
-                    gX = cute.local_tile(tma_entry_rows(src, batch, head, seqlen.offset_q),
-                                         (bm, dp), (None, 0))
-                    tXsX, tXgX = cpasync.tma_partition(atom, 0, one_cta,
-                                                       cute.group_modes(dst, 0, 2),
-                                                       cute.group_modes(gX, 0, 2))
-                    with cute.arch.elect_one():
-                        cute.arch.mbarrier_arrive_and_expect_tx(mbar + full + stage, q_bytes)
-                    cute.copy(atom, tXgX[None, m_block], tXsX[None, stage],
-                              tma_bar_ptr=mbar + full + stage)
+                self._load_step(storage, tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, seqlen, blocks,
+                                batch, head0, per_head, i, i)
+
+    @cute.jit
+    def _load_kv(self, storage, tma_atom_K, tma_K, tma_atom_V, tma_V, seqlen: SeqlenInfo,
+                 batch, head_kv, n_block, prefetch=()):
+        """K and V of key block n_block onto the K/V barrier, after prefetching the
+        descriptors of the atoms in `prefetch`."""
+        cfg, bars = self.cfg, self.bars
+        bn, dp = cfg.block_n, cfg.head_dim_padded
+        mbar = storage.mbar.data_ptr()
+        sK = storage.sK.get_tensor(tma.tma_smem_layout(cfg, "K"))
+        sV = storage.sV.get_tensor(tma.tma_smem_layout(cfg, "K"))
+        kv_bytes = bn * dp * cfg.elem_bytes
+        with cute.arch.elect_one():
+            for atom in prefetch:
+                cpasync.prefetch_descriptor(atom)
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar + bars.kv, 2 * kv_bytes)
+        for atom, src, dst in ((tma_atom_K, tma_K, sK), (tma_atom_V, tma_V, sV)):
+            gKV = cute.local_tile(tma_entry_rows(src, batch, head_kv, seqlen.offset_k),
+                                  (bn, dp), (n_block, 0))
+            tKVsKV, tKVgKV = cpasync.tma_partition(atom, 0, cute.make_layout(1),
+                                                   cute.group_modes(dst, 0, 2),
+                                                   cute.group_modes(gKV, 0, 2))
+            cute.copy(atom, tKVgKV, tKVsKV, tma_bar_ptr=mbar + bars.kv)
+
+    @cute.jit
+    def _load_step(self, storage, tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, seqlen: SeqlenInfo,
+                   blocks: QueryBlocks, batch, head0, per_head, i, ring_index):
+        """Q and dO of step i into the stage of ring round ring_index (i for a one-tile CTA;
+        a persistent CTA's rounds run on across its tiles), once that stage is released."""
+        cfg, bars = self.cfg, self.bars
+        bm, dp = cfg.block_m, cfg.head_dim_padded
+        mbar = storage.mbar.data_ptr()
+        sQ = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q", cfg.q_stages))
+        sdO = storage.sdO.get_tensor(tma.tma_smem_layout(cfg, "Q", cfg.q_stages))
+        q_bytes = bm * dp * cfg.elem_bytes
+        head, m_block = self._step_place(i, blocks, head0, per_head)
+        stage = self._wait_empty(mbar, ring_index)
+        for atom, src, dst, full in ((tma_atom_Q, tma_Q, sQ, bars.q_full),
+                                     (tma_atom_dO, tma_dO, sdO, bars.do_full)):
+            gX = cute.local_tile(tma_entry_rows(src, batch, head, seqlen.offset_q),
+                                 (bm, dp), (None, 0))
+            tXsX, tXgX = cpasync.tma_partition(atom, 0, cute.make_layout(1),
+                                               cute.group_modes(dst, 0, 2),
+                                               cute.group_modes(gX, 0, 2))
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar + full + stage, q_bytes)
+            cute.copy(atom, tXgX[None, m_block], tXsX[None, stage],
+                      tma_bar_ptr=mbar + full + stage)
 
     @cute.jit
     def _load_rows(self, storage, mLSE, mD, seqlen: SeqlenInfo, blocks: QueryBlocks, batch,
-                   head0, per_head, steps):
+                   head0, per_head, steps, base=None):
         """Warp 1: each step's LSE and D rows into their stage, lane by lane; rows past the
         entry's queries get LSE = +inf (weights 0) and D = 0. Each lane arrives on the stage's
-        barrier once its own stores are done."""
+        barrier once its own stores are done. base: a persistent CTA's ring rounds before
+        this tile (`_ring_index`)."""
         cfg, bars = self.cfg, self.bars
         bm = cfg.block_m
         mbar = storage.mbar.data_ptr()
@@ -268,7 +328,7 @@ class FlashBwdSm90(FlashBwdBase):
         lane = cute.arch.lane_idx()
         for i in cutlass.range(steps, unroll=1):
             head, m_block = self._step_place(i, blocks, head0, per_head)
-            stage = self._wait_empty(mbar, i)
+            stage = self._wait_empty(mbar, _ring_index(i, base))
             lse = seqlen.lse_row(mLSE, batch, head)
             d = seqlen.lse_row(mD, batch, head)
             for r in cutlass.range_constexpr(-(-bm // 32)):
@@ -289,12 +349,13 @@ class FlashBwdSm90(FlashBwdBase):
 
     @cute.jit
     def _write_dq(self, storage, mdQaccum, mSemaphore, seqlen: SeqlenInfo, blocks: QueryBlocks,
-                  batch, head0, n_block, per_head, steps, mCuSeqlensQ):
+                  batch, head0, n_block, per_head, steps, mCuSeqlensQ, base=None):
         """Warp 2 under dq_writer: each step's dQ block, once every consumer thread has stored
         its share (`_stage_dq`), added into dQaccum by one bulk reduction from lane 0, which
         frees the block for the next step as soon as the reduction has read it.
         deterministic: lane 0 waits for the key block's turn first (`_turn`) and passes it on
-        once the sums are written, while the consumers go on with the next query block."""
+        once the sums are written, while the consumers go on with the next query block. base:
+        as `_load_rows`'."""
         cfg, bars = self.cfg, self.bars
         mbar = storage.mbar.data_ptr()
         sdQ = storage.sdQ.get_tensor(cute.make_layout(cfg.block_m * cfg.head_dim_padded))
@@ -303,7 +364,7 @@ class FlashBwdSm90(FlashBwdBase):
             for i in cutlass.range(steps, unroll=1):
                 head, m_block = self._step_place(i, blocks, head0, per_head)
                 chunk = self._dq_chunk(mdQaccum, batch, head, m_block, mCuSeqlensQ)
-                cute.arch.mbarrier_wait(mbar + bars.dq_full, i % 2)
+                cute.arch.mbarrier_wait(mbar + bars.dq_full, _ring_index(i, base) % 2)
                 if cutlass.const_expr(self.deterministic):
                     lock = self._dq_lock(mSemaphore, batch, head, m_block)
                     self._wait_turn(lock, self._turn(m_block, n_block, blocks, seqlen), 0)
@@ -384,7 +445,12 @@ class FlashBwdSm90(FlashBwdBase):
     @cute.jit
     def _consume(self, storage, grads: "Grads", scale_log2, softmax_scale, softcap_scale,
                  seqlen: SeqlenInfo, blocks: QueryBlocks, batch, head_kv, head0, n_block,
-                 per_head, steps, mCuSeqlensQ, mCuSeqlensK, ctidx, share):
+                 per_head, steps, mCuSeqlensQ, mCuSeqlensK, ctidx, share, base=None, tile=None):
+        """The consumers' tile: every step, then dK and dV out. base, tile: a persistent CTA's
+        ring rounds and tiles before this one (`_persistent`); it waits for K and V even
+        without steps (the producer loads them for every tile, so the barrier's phases stay
+        one per tile) and, once dK and dV have left their staging in the K and V tiles,
+        releases those to the next tile's loads."""
         cfg, bars = self.cfg, self.bars
         bm, bn, dp, stages = cfg.block_m, cfg.block_n, cfg.head_dim_padded, cfg.q_stages
         dtype = cutlass_dtype(cfg.dtype)
@@ -456,11 +522,14 @@ class FlashBwdSm90(FlashBwdBase):
         cols = place["col_offsets"]
         key0 = n_block * bn + place["row0"]
 
-        if steps > 0:
-            cute.arch.mbarrier_wait(mbar + bars.kv, 0)
+        if cutlass.const_expr(base is None):
+            if steps > 0:
+                cute.arch.mbarrier_wait(mbar + bars.kv, 0)
+        else:
+            cute.arch.mbarrier_wait(mbar + bars.kv, tile % 2)
         for i in cutlass.range(steps, unroll=1):
             head, m_block = self._step_place(i, blocks, head0, per_head)
-            stage, phase = ring.ring_slot(i, stages)
+            stage, phase = ring.ring_slot(_ring_index(i, base), stages)
             cute.arch.mbarrier_wait(mbar + bars.q_full + stage, phase)
             acc_S = cute.make_rmem_tensor(shape_S, cutlass.Float32)
             gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], True)
@@ -525,15 +594,15 @@ class FlashBwdSm90(FlashBwdBase):
                 # dK behind dQ: dQ's hand-over runs under dK, the stage is released after it
                 gemm(mma_dkv, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], False)
                 warpgroup.wait_group(1)
-                self._hand_over_dq(acc_dQ, grads, sdQ_chunk, mbar, i, head, m_block, n_block,
-                                   blocks, seqlen, batch, mCuSeqlensQ, ctidx)
+                self._hand_over_dq(acc_dQ, grads, sdQ_chunk, mbar, _ring_index(i, base), head,
+                                   m_block, n_block, blocks, seqlen, batch, mCuSeqlensQ, ctidx)
                 warpgroup.wait_group(0)
                 self._release(mbar, stage)
             else:
                 warpgroup.wait_group(0)
                 self._release(mbar, stage)
-                self._hand_over_dq(acc_dQ, grads, sdQ_chunk, mbar, i, head, m_block, n_block,
-                                   blocks, seqlen, batch, mCuSeqlensQ, ctidx)
+                self._hand_over_dq(acc_dQ, grads, sdQ_chunk, mbar, _ring_index(i, base), head,
+                                   m_block, n_block, blocks, seqlen, batch, mCuSeqlensQ, ctidx)
             self._consumer_sync()  # every warpgroup has read dS (and P) before a rewrite
 
         # dS was formed from scores S = Q K^T, the logits are S * softmax_scale
@@ -568,18 +637,7 @@ class FlashBwdSm90(FlashBwdBase):
                              cute.local_tile(seqlen.k_rows(grads.dv, batch, head_kv), (bn, dp),
                                              (n_block, 0)), cdK, seqlen.seqlen_k, ctidx,
                              sync=self._consumer_sync)
-
-
-@dataclass(frozen=True)
-class Grads:
-    """Where a CTA's gradients go: dQ's float32 sums, dK and dV (or, under kv_accum, their
-    float32 sums), and the deterministic mode's counters of dQ's and (under kv_accum) of dK
-    and dV's sums (None where the key has none)."""
-
-    dq_accum: object
-    dk: object
-    dv: object
-    dk_accum: object
-    dv_accum: object
-    semaphore: object
-    kv_semaphore: object
+        if cutlass.const_expr(base is not None):
+            # the staging's generic-proxy accesses ordered before the next tile's TMA writes
+            cute.arch.fence_view_async_shared()
+            cute.arch.mbarrier_arrive(mbar + bars.kv_empty)
