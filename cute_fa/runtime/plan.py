@@ -85,16 +85,23 @@ _OVERRIDES = [Overrides()]
 
 
 @contextlib.contextmanager
+def _overridden(**fields):
+    """Within the block, `_OVERRIDES` has these fields replaced; it yields the new overrides."""
+    previous = _OVERRIDES[0]
+    _OVERRIDES[0] = previous._replace(**fields)
+    try:
+        yield _OVERRIDES[0]
+    finally:
+        _OVERRIDES[0] = previous
+
+
+@contextlib.contextmanager
 def tiles_of(arch: str | None):
     """Within the block, calls choose tiles, stages and backends from `arch`'s tables (e.g.
     'sm_120a', 'sm_86') instead of the GPU's own: the way to run, on the GPU at hand, what a GPU
     of that arch runs (compiled for the GPU at hand). None: the GPU's own tables."""
-    previous = _OVERRIDES[0]
-    _OVERRIDES[0] = previous._replace(tile_arch=None if arch is None else Arch.parse(arch).name)
-    try:
-        yield _OVERRIDES[0].tile_arch
-    finally:
-        _OVERRIDES[0] = previous
+    with _overridden(tile_arch=None if arch is None else Arch.parse(arch).name) as over:
+        yield over.tile_arch
 
 
 @contextlib.contextmanager
@@ -103,12 +110,8 @@ def overriding(**changes):
     `tile=TileConfig(...)`, `lpt=False`, `lazy_rescale=False`): the benchmarks' A/B variants,
     run through the public API. A field the planned key does not have raises a TypeError at the
     call."""
-    previous = _OVERRIDES[0]
-    _OVERRIDES[0] = previous._replace(changes=tuple(sorted(changes.items())))
-    try:
+    with _overridden(changes=tuple(sorted(changes.items()))):
         yield
-    finally:
-        _OVERRIDES[0] = previous
 
 
 @contextlib.contextmanager
@@ -116,12 +119,8 @@ def overriding_backward(**changes):
     """As `overriding`, for the backward: every backward main kernel key planned within the
     block has these fields replaced (e.g. `persistent=132`); its postprocess keys follow the
     main key's tile."""
-    previous = _OVERRIDES[0]
-    _OVERRIDES[0] = previous._replace(backward_changes=tuple(sorted(changes.items())))
-    try:
+    with _overridden(backward_changes=tuple(sorted(changes.items()))):
         yield
-    finally:
-        _OVERRIDES[0] = previous
 
 
 def tile_arch() -> str | None:
