@@ -1,0 +1,81 @@
+"""A traced attention mod as data: the expression graph that `trace.py` records from a user's
+`score_mod(score, b, h, q_idx, kv_idx)` or `mask_mod(b, h, q_idx, kv_idx)`, which the float64
+reference evaluates (`evaluate.py`). It holds no tensors and imports no torch: its `signature`
+(what a kernel compiled for it depends on) names each captured tensor by its slot, dtype and
+rank only, so new values in the same tensors never change it."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+# the value kinds a node carries, as a kernel holds them: 32-bit float, 32-bit int, predicate
+FLOAT, INT, BOOL = "float", "int", "bool"
+
+# what a node computes from its arguments' values
+UNARY = ("neg", "abs", "exp", "tanh", "sigmoid", "not")
+BINARY = ("add", "sub", "mul", "div", "floordiv", "mod", "minimum", "maximum",
+          "lt", "le", "gt", "ge", "eq", "ne", "and", "or")
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+LEAVES = ("score", "b", "h", "q_idx", "kv_idx")
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A tensor the mod indexes: its place among the mod's captured tensors, dtype (torch's
+    name, e.g. 'float32') and rank. A kernel takes it as an argument."""
+
+    slot: int
+    dtype: str
+    ndim: int
+
+
+@dataclass(frozen=True)
+class Node:
+    """One value of the mod: a leaf (`LEAVES`: the score and the four indices), a constant
+    (`value`), an operation of `UNARY` or `BINARY` on `args`, `where` (cond, a, b), or `load`
+    (an element of capture `value`, args its indices, one per dimension). kind: `FLOAT`,
+    `INT` or `BOOL`."""
+
+    op: str
+    kind: str
+    args: tuple = ()
+    value: object = None
+
+    def key(self) -> tuple:
+        """The node as nested tuples of plain values (equal for equal graphs)."""
+        return (self.op, self.kind, self.value, tuple(a.key() for a in self.args))
+
+
+@dataclass(frozen=True)
+class ModGraph:
+    """A traced mod: which function it is ('score_mod' or 'mask_mod'), its result and the
+    tensors it captures, in slot order."""
+
+    role: str
+    root: Node
+    captures: tuple = ()
+
+    def signature(self) -> str:
+        """A digest of the graph and the captures' dtypes and ranks: what a kernel compiled
+        for this mod depends on (the captures' values and shapes are its arguments)."""
+        text = repr((self.role, self.root.key(), self.captures))
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def nodes(self) -> list:
+        """Every distinct node, each after its arguments (the order a kernel emits them)."""
+        seen, order = set(), []
+
+        def visit(node):
+            if node in seen:
+                return
+            for arg in node.args:
+                visit(arg)
+            seen.add(node)
+            order.append(node)
+        visit(self.root)
+        return order
+
+    def uses(self, leaf: str) -> bool:
+        """Whether the mod reads `leaf` ('score', 'b', 'h', 'q_idx' or 'kv_idx')."""
+        return any(n.op == leaf for n in self.nodes())
