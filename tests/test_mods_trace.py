@@ -151,3 +151,38 @@ def test_refused_operations_name_themselves(name):
     role = tracer.__name__.removeprefix("trace_")
     with pytest.raises(TypeError, match=rf"^{role}: .*{named}"):
         tracer(fn)
+
+
+def _flex_case(name):
+    """(score_mod, mask_mod) of a named case, for the reference against FlexAttention."""
+    return {"alibi_causal": (SCORES["alibi"], MASKS["causal"]),
+            "softcap_window": (SCORES["softcap"], MASKS["sliding_window"]),
+            "relative_bias": (SCORES["relative_bias"], None),
+            "document_prefix": (None, lambda b, h, q, kv: MASKS["document"](b, h, q, kv)
+                                | (kv < PREFIX[b])),
+            "empty_rows": (SCORES["alibi"], lambda b, h, q, kv: (q >= kv) & (q > 6))}[name]
+
+
+@pytest.mark.parametrize("name", ["alibi_causal", "softcap_window", "relative_bias",
+                                  "document_prefix", "empty_rows"])
+def test_reference_matches_flex_attention(name):
+    """`mods.reference.attention` (float64, cute_fa's layout) against torch's own
+    FlexAttention on the CPU (float32, its eager path), GQA 4/2, on the same mods."""
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    from cute_fa.mods.reference import attention
+
+    score_mod, mask_mod = _flex_case(name)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(B, Q, H, 16, generator=gen)
+    k, v = (torch.randn(B, K, 2, 16, generator=gen) for _ in range(2))
+    o, lse = attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod)
+    block_mask = None if mask_mod is None else flex.create_block_mask(
+        mask_mod, B, H, Q, K, device="cpu")
+    fo, flse = flex.flex_attention(*(t.transpose(1, 2) for t in (q, k, v)), score_mod=score_mod,
+                                   block_mask=block_mask, enable_gqa=True, return_lse=True)
+    assert torch.allclose(o.float(), fo.transpose(1, 2), atol=2e-5, rtol=1e-4)
+    finite = torch.isfinite(lse)
+    assert torch.equal(finite, torch.isfinite(flse))
+    assert torch.allclose(lse[finite].float(), flse[finite], atol=2e-5, rtol=1e-5)
+    if name == "empty_rows":
+        assert (~finite).any() and torch.all(o[:, :7] == 0)

@@ -1,7 +1,8 @@
 """Programmable attention: a user's `score_mod` / `mask_mod` (FlexAttention's signatures)
-traced into an expression graph (`trace`, `graph`) and evaluated densely as the float64
-reference (`evaluate`). The kernels' hooks that compile a graph into the score loop come next;
-no public function takes a mod yet."""
+traced into an expression graph (`trace`, `graph`), evaluated densely (`evaluate`), and the
+float64 attention with mods that kernels will be checked against (`reference`). The kernels'
+hooks that compile a graph into the score loop come next; no public function takes a mod
+yet."""
 
 from .evaluate import evaluate
 from .graph import Capture, ModGraph, Node
