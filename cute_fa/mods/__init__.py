@@ -1,11 +1,20 @@
 """Programmable attention: a user's `score_mod` / `mask_mod` (FlexAttention's signatures)
-traced into an expression graph (`trace`, `graph`), evaluated densely (`evaluate`), and the
-float64 attention with mods that kernels will be checked against (`reference`). The kernels'
-hooks that compile a graph into the score loop come next; no public function takes a mod
-yet."""
+traced into an expression graph (`trace`, `graph`), evaluated densely (`dense`), and the
+float64 attention with mods that kernels will be checked against (`reference`). The graph is
+torch-free data, which the kernels' device code reads (`kernels/common/mods.py`); the tracer
+and the evaluation need torch and load on first use. No attention kernel or public function
+takes a mod yet."""
 
-from .evaluate import evaluate
 from .graph import Capture, ModGraph, Node
-from .trace import trace_mask_mod, trace_score_mod
 
-__all__ = ["Capture", "ModGraph", "Node", "evaluate", "trace_mask_mod", "trace_score_mod"]
+_LAZY = {"trace_score_mod": "trace", "trace_mask_mod": "trace", "evaluate": "dense"}
+
+__all__ = ["Capture", "ModGraph", "Node", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

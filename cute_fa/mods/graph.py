@@ -1,6 +1,6 @@
 """A traced attention mod as data: the expression graph that `trace.py` records from a user's
 `score_mod(score, b, h, q_idx, kv_idx)` or `mask_mod(b, h, q_idx, kv_idx)`, which the float64
-reference evaluates (`evaluate.py`). It holds no tensors and imports no torch: its `signature`
+reference evaluates (`dense.py`). It holds no tensors and imports no torch: its `signature`
 (what a kernel compiled for it depends on) names each captured tensor by its slot, dtype and
 rank only, so new values in the same tensors never change it."""
 

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .evaluate import evaluate
+from .dense import evaluate
 from .trace import trace_mask_mod, trace_score_mod
 
 
@@ -18,7 +18,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, score_mod=No
     """(o, lse) in float64 for q (batch, seqlen_q, heads_q, d), k and v (batch, seqlen_k,
     heads_kv, d) with heads_q a multiple of heads_kv (GQA: query head h reads K/V head
     h // (heads_q // heads_kv)); o as q, lse (batch, heads_q, seqlen_q) in natural log. The
-    mods are traced (`trace.py`) and evaluated densely (`evaluate.py`)."""
+    mods are traced (`trace.py`) and evaluated densely (`dense.py`)."""
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     group = heads_q // heads_kv

@@ -32,6 +32,12 @@ class Trace:
         raise TypeError(f"{self.role}: {what} cannot be compiled into an attention kernel; "
                         f"a mod may use {VOCABULARY}")
 
+    def captures(self) -> tuple:
+        """A `Capture` per tensor indexed, in slot order (one the result does not read keeps
+        its slot, so that slots stay the captured tensors' places)."""
+        return tuple(Capture(slot, str(t.dtype).removeprefix("torch."), t.ndim)
+                     for slot, t in enumerate(self.tensors))
+
     def const(self, value) -> Node:
         if isinstance(value, bool):
             return Node("const", BOOL, value=value)
@@ -73,8 +79,7 @@ class Trace:
         if slot is None:
             slot = len(self.tensors)
             self.tensors.append(tensor)
-        capture = Capture(slot, str(tensor.dtype).removeprefix("torch."), tensor.ndim)
-        return Node("load", LOADABLE[tensor.dtype], tuple(nodes), capture)
+        return Node("load", LOADABLE[tensor.dtype], tuple(nodes), self.captures()[slot])
 
     def unary(self, op: str, x) -> "Traced":
         a = self.node(x)
@@ -310,7 +315,7 @@ def trace_score_mod(fn) -> tuple:
     trace, result = _traced("score_mod", fn, LEAVES)
     if result.kind == BOOL:
         trace.fail("returning a bool (a mask is a mask_mod's)")
-    return ModGraph("score_mod", result, _captures(result)), tuple(trace.tensors)
+    return ModGraph("score_mod", result, trace.captures()), tuple(trace.tensors)
 
 
 def trace_mask_mod(fn) -> tuple:
@@ -318,10 +323,4 @@ def trace_mask_mod(fn) -> tuple:
     trace, result = _traced("mask_mod", fn, LEAVES[1:])
     if result.kind != BOOL:
         trace.fail(f"returning a {result.kind} value (a mask_mod returns a bool)")
-    return ModGraph("mask_mod", result, _captures(result)), tuple(trace.tensors)
-
-
-def _captures(root: Node) -> tuple:
-    """The captures the result reads, in slot order."""
-    found = {n.value.slot: n.value for n in ModGraph("", root).nodes() if n.op == "load"}
-    return tuple(found[s] for s in sorted(found))
+    return ModGraph("mask_mod", result, trace.captures()), tuple(trace.tensors)
