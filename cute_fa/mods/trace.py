@@ -140,8 +140,9 @@ for _name in ("lt", "le", "gt", "ge", "eq", "ne"):
 
 class Traced:
     """A traced value: its node, and the tracing that records what is done with it. Python
-    operators and the torch functions of the vocabulary build new nodes; converting it to a
-    Python bool or number (if/and/or, min()/max(), math.*) raises."""
+    operators (the binary ones are set after the class, `_operator`) and the torch functions
+    of the vocabulary build new nodes; converting it to a Python bool or number (if/and/or,
+    min()/max(), math.*) raises."""
 
     def __init__(self, trace: Trace, node: Node):
         self.trace = trace
@@ -173,72 +174,6 @@ class Traced:
             a, b = (args[1], args[0]) if reversed_ else args
             return trace.binary(op, a, b)
         trace.fail(f"torch.{name}" + (" with keyword arguments" if kwargs else ""))
-
-    def __add__(self, other):
-        return self.trace.binary("add", self, other)
-
-    def __radd__(self, other):
-        return self.trace.binary("add", other, self)
-
-    def __sub__(self, other):
-        return self.trace.binary("sub", self, other)
-
-    def __rsub__(self, other):
-        return self.trace.binary("sub", other, self)
-
-    def __mul__(self, other):
-        return self.trace.binary("mul", self, other)
-
-    def __rmul__(self, other):
-        return self.trace.binary("mul", other, self)
-
-    def __truediv__(self, other):
-        return self.trace.binary("div", self, other)
-
-    def __rtruediv__(self, other):
-        return self.trace.binary("div", other, self)
-
-    def __floordiv__(self, other):
-        return self.trace.binary("floordiv", self, other)
-
-    def __rfloordiv__(self, other):
-        return self.trace.binary("floordiv", other, self)
-
-    def __mod__(self, other):
-        return self.trace.binary("mod", self, other)
-
-    def __rmod__(self, other):
-        return self.trace.binary("mod", other, self)
-
-    def __and__(self, other):
-        return self.trace.binary("and", self, other)
-
-    def __rand__(self, other):
-        return self.trace.binary("and", other, self)
-
-    def __or__(self, other):
-        return self.trace.binary("or", self, other)
-
-    def __ror__(self, other):
-        return self.trace.binary("or", other, self)
-
-    def __lt__(self, other):
-        return self.trace.binary("lt", self, other)
-
-    def __le__(self, other):
-        return self.trace.binary("le", self, other)
-
-    def __gt__(self, other):
-        return self.trace.binary("gt", self, other)
-
-    def __ge__(self, other):
-        return self.trace.binary("ge", self, other)
-
-    def __eq__(self, other):
-        return self.trace.binary("eq", self, other)
-
-    def __ne__(self, other):
-        return self.trace.binary("ne", self, other)
 
     __hash__ = None  # == builds a node: a traced value is no dict key
 
@@ -288,6 +223,22 @@ class Traced:
         if name.startswith("__"):
             raise AttributeError(name)
         self.trace.fail(f"the method .{name}()")
+
+
+def _operator(op: str, reflected: bool = False):
+    """A Traced operator method building `op` (reflected: the traced value on the right)."""
+    def method(self, other):
+        return self.trace.binary(op, other, self) if reflected else \
+            self.trace.binary(op, self, other)
+    return method
+
+
+for _name, _op in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"),
+                   ("floordiv", "floordiv"), ("mod", "mod"), ("and", "and"), ("or", "or")):
+    setattr(Traced, f"__{_name}__", _operator(_op))
+    setattr(Traced, f"__r{_name}__", _operator(_op, reflected=True))
+for _name in ("lt", "le", "gt", "ge", "eq", "ne"):  # Python reflects comparisons itself
+    setattr(Traced, f"__{_name}__", _operator(_name))
 
 
 def _trace_in(values):
