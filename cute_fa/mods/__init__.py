@@ -1,6 +1,8 @@
 """Programmable attention: a user's `score_mod` / `mask_mod` (FlexAttention's signatures)
 traced into an expression graph (`trace`, `graph`), evaluated densely (`dense`), and the
-float64 attention with mods that kernels will be checked against (`reference`). The graph is
+float64 attention with mods that kernels will be checked against (`reference`); block masks
+(`block_mask`: which key blocks each query block visits whole, in part or not at all, torch's
+`BlockMask` layout, convertible both ways). The graph is
 torch-free data, which the kernels' device code reads (`kernels/common/mods.py`); the tracer
 and the evaluation need torch and load on first use. No attention kernel or public function
 takes a mod yet."""

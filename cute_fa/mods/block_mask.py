@@ -1,0 +1,116 @@
+"""Block masks: for each (batch, head, query block), the key blocks a kernel visits, split into
+those a mask_mod keeps whole (`full`: no mask to evaluate) and those it keeps in part
+(`partial`: evaluate it per score); the others are skipped. The layout is torch's
+FlexAttention `BlockMask`'s (counts, then indices in ascending order, the rest of each row
+filled with the unlisted blocks), so either converts to the other. Positions past the
+sequences count as masked, so a tail block is never full."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .dense import evaluate
+from .trace import trace_mask_mod
+
+
+@dataclass(frozen=True)
+class BlockMask:
+    """kv_num_blocks, full_kv_num_blocks: int32 (batch, heads, query blocks); kv_indices,
+    full_kv_indices: int32 (batch, heads, query blocks, key blocks); batch and heads may be 1
+    (the same for all). mask_mod: the function the partial blocks evaluate (None: a mask of
+    full blocks only)."""
+
+    kv_num_blocks: torch.Tensor
+    kv_indices: torch.Tensor
+    full_kv_num_blocks: torch.Tensor
+    full_kv_indices: torch.Tensor
+    block_size: tuple
+    seqlen_q: int
+    seqlen_k: int
+    mask_mod: object = None
+
+    def dense(self) -> torch.Tensor:
+        """bool (batch, heads, seqlen_q, seqlen_k): True in full blocks, the mask_mod in
+        partial ones, False in skipped blocks and past the sequences (what the block mask
+        lets attention see)."""
+        bq, bk = self.block_size
+        batch, heads, q_blocks = self.kv_num_blocks.shape
+        k_blocks = self.kv_indices.shape[-1]
+        full = _listed(self.full_kv_num_blocks, self.full_kv_indices, k_blocks)
+        partial = _listed(self.kv_num_blocks, self.kv_indices, k_blocks)
+        full = full.repeat_interleave(bq, dim=2).repeat_interleave(bk, dim=3)
+        partial = partial.repeat_interleave(bq, dim=2).repeat_interleave(bk, dim=3)
+        full, partial = (t[:, :, :self.seqlen_q, :self.seqlen_k] for t in (full, partial))
+        if self.mask_mod is None:
+            return full
+        return full | (partial & _mask(self.mask_mod, batch, heads, self.seqlen_q,
+                                       self.seqlen_k, partial.device))
+
+
+def _listed(counts, indices, k_blocks) -> torch.Tensor:
+    """bool (batch, heads, query blocks, key blocks): the blocks a row's count of indices names."""
+    take = torch.arange(indices.shape[-1], device=indices.device) < counts[..., None].long()
+    out = torch.zeros(*counts.shape, k_blocks, dtype=torch.bool, device=indices.device)
+    return out.scatter_(-1, indices.long(), take)
+
+
+def _mask(mask_mod, batch, heads, seqlen_q, seqlen_k, device) -> torch.Tensor:
+    graph, captured = trace_mask_mod(mask_mod)
+    out = evaluate(graph, captured, b=torch.arange(batch, device=device)[:, None, None, None],
+                   h=torch.arange(heads, device=device)[None, :, None, None],
+                   q_idx=torch.arange(seqlen_q, device=device)[None, None, :, None],
+                   kv_idx=torch.arange(seqlen_k, device=device)[None, None, None, :])
+    return out.expand(batch, heads, seqlen_q, seqlen_k)
+
+
+def _ordered(blocks: torch.Tensor) -> tuple:
+    """(counts, indices) of bool (..., key blocks): each row's marked blocks ascending, then
+    the others ascending (a stable sort on 'not marked')."""
+    order = torch.sort((~blocks).to(torch.int8), dim=-1, stable=True).indices
+    return blocks.sum(-1).to(torch.int32), order.to(torch.int32)
+
+
+def create_block_mask(mask_mod, batch: int | None, heads: int | None, seqlen_q: int,
+                      seqlen_k: int, block_size=128, device="cpu") -> BlockMask:
+    """The block mask of `mask_mod(b, h, q_idx, kv_idx)` (as torch's `create_block_mask`):
+    the mask evaluated densely (`dense.evaluate`), one query block row at a time, then each
+    block classified full (every position kept), partial (some) or skipped (none). batch or
+    heads None: one for all (the mask must not read b or h then)."""
+    bq, bk = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
+    batch, heads = batch or 1, heads or 1
+    q_blocks, k_blocks = -(-seqlen_q // bq), -(-seqlen_k // bk)
+    graph, captured = trace_mask_mod(mask_mod)
+    full = torch.zeros(batch, heads, q_blocks, k_blocks, dtype=torch.bool, device=device)
+    some = torch.zeros_like(full)
+    kv = torch.arange(seqlen_k, device=device)
+    for m in range(q_blocks):
+        # the mask at the block row's queries inside the sequences only (a captured table
+        # need not reach past them), False past them
+        q = torch.arange(m * bq, min((m + 1) * bq, seqlen_q), device=device)
+        kept = torch.zeros(batch, heads, bq, k_blocks * bk, dtype=torch.bool, device=device)
+        kept[:, :, :len(q), :seqlen_k] = evaluate(
+            graph, captured, b=torch.arange(batch, device=device)[:, None, None, None],
+            h=torch.arange(heads, device=device)[None, :, None, None],
+            q_idx=q[None, None, :, None], kv_idx=kv[None, None, None, :])
+        kept = kept.reshape(batch, heads, bq, k_blocks, bk)
+        full[:, :, m] = kept.all(dim=4).all(dim=2)
+        some[:, :, m] = kept.any(dim=4).any(dim=2)
+    kv_num, kv_idx = _ordered(some & ~full)
+    full_num, full_idx = _ordered(full)
+    return BlockMask(kv_num, kv_idx, full_num, full_idx, (bq, bk), seqlen_q, seqlen_k, mask_mod)
+
+
+def from_torch(block_mask) -> BlockMask:
+    """A torch FlexAttention `BlockMask` as cute_fa's (the same tensors, int32)."""
+    seqlen_q, seqlen_k = block_mask.seq_lengths
+    full_num = block_mask.full_kv_num_blocks
+    full_idx = block_mask.full_kv_indices
+    if full_num is None:  # a mask of partial blocks only
+        full_num = torch.zeros_like(block_mask.kv_num_blocks)
+        full_idx = block_mask.kv_indices
+    return BlockMask(block_mask.kv_num_blocks.to(torch.int32),
+                     block_mask.kv_indices.to(torch.int32), full_num.to(torch.int32),
+                     full_idx.to(torch.int32), tuple(block_mask.BLOCK_SIZE), seqlen_q, seqlen_k,
+                     block_mask.mask_mod)
