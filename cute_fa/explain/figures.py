@@ -14,6 +14,8 @@
 * `p_exchange_warps`, `p_thread_map`, `ldmatrix_bank_map`: the backward's P tile by the warps
   that store and read it, the P elements one thread reads by who stored them, and the bank
   groups of one ldmatrix.x4 (from `BwdLayouts`).
+* `block_mask_map`: a block mask's key blocks per query block, full, partial or skipped
+  (`cute_fa.mods.block_mask`).
 """
 
 from __future__ import annotations
@@ -386,3 +388,38 @@ def ldmatrix_bank_map(bl, product: str = "dkv", operand: str = "A", warp: int = 
                           f"cols {tiles[0][1]}..{tiles[0][1] + 7}")
         ax.set_yticks(range(len(phases)), labels, fontsize=7)
     return axes
+
+
+BLOCK_KINDS = ("skipped", "partial", "full")
+
+
+def block_mask_codes(mask, b: int = 0, h: int = 0) -> np.ndarray:
+    """(query blocks, key blocks) of a `cute_fa.mods.block_mask.BlockMask` at batch entry `b`
+    and head `h`: 0 skipped, 1 partial (the mask_mod evaluated per score), 2 full."""
+    codes = np.zeros(tuple(mask.kv_indices.shape[2:]), dtype=np.int8)
+    for kind, counts, indices in ((1, mask.kv_num_blocks, mask.kv_indices),
+                                  (2, mask.full_kv_num_blocks, mask.full_kv_indices)):
+        for m in range(codes.shape[0]):
+            n = int(counts[b, h, m])
+            codes[m, indices[b, h, m, :n].long().numpy()] = kind
+    return codes
+
+
+def block_mask_map(mask, b: int = 0, h: int = 0, ax=None):
+    """`block_mask_codes` as a grid: which key blocks each query block's CTA visits whole
+    (full), evaluating the mask_mod (partial), or not at all (skipped)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    codes = block_mask_codes(mask, b, h)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.3 * codes.shape[1] + 1.5, 0.3 * codes.shape[0] + 1))
+    ax.imshow(codes, cmap=ListedColormap(["0.92", "#f4a259", "#2a6f97"]), vmin=0, vmax=2,
+              interpolation="nearest", aspect="auto")
+    bq, bk = mask.block_size
+    ax.set_xlabel(f"key block ({bk} keys)")
+    ax.set_ylabel(f"query block ({bq} queries)")
+    counts = {k: int((codes == i).sum()) for i, k in enumerate(BLOCK_KINDS)}
+    ax.set_title(f"b {b}, h {h}: {counts['full']} full, {counts['partial']} partial, "
+                 f"{counts['skipped']} skipped", fontsize=8)
+    return ax

@@ -416,6 +416,36 @@ class FlashLayouts:
             keep[q] = [k for k in ks if key_visible(q, k, causal=True, causal_offset=0)]
         return keep
 
+    def mod_values(self, tid: int, *, mask_mod=None, score_mod=None, m_block: int = 0,
+                   n_block: int = 0, b: int = 0, h: int = 0, scores=None) -> dict:
+        """What a mod computes in `tid`'s score registers (`cute_fa.mods`, FlexAttention's
+        signatures): for each of its queries, [(key, value)] in register order, the mod
+        evaluated at the (b, h, query, key) that register holds (query = block_m * m_block +
+        row, key = block_n * n_block + col). mask_mod: True where the key is kept; score_mod:
+        its value at the scaled score `scores[query][key]` (a (block_m, block_n) table of the
+        tile's rows and columns; zeros if None)."""
+        import torch
+
+        from ..mods import evaluate, trace_mask_mod, trace_score_mod
+
+        if (mask_mod is None) == (score_mod is None):
+            raise ValueError("pass one of mask_mod and score_mod")
+        c = self.config
+        graph, captured = (trace_mask_mod(mask_mod) if score_mod is None
+                           else trace_score_mod(score_mod))
+        out: dict = {}
+        for row, cols in self.s_rowcol(tid):
+            q = c.block_m * m_block + row
+            keys = torch.tensor([c.block_n * n_block + col for col in cols])
+            score = None
+            if score_mod is not None:
+                score = torch.tensor([0.0 if scores is None else float(scores[row][col])
+                                      for col in cols], dtype=torch.float64)
+            values = evaluate(graph, captured, b=torch.tensor(b), h=torch.tensor(h),
+                              q_idx=torch.tensor(q), kv_idx=keys, score=score)
+            out[q] = [(int(k), v.item()) for k, v in zip(keys, values.expand(len(cols)))]
+        return out
+
     def ring_offset(self, tensor: str, row: int, col: int, stage: int) -> int:
         """Element offset of (row, col) of stage `stage` of the TMA kernel's two-stage K/V ring."""
         if tensor not in ("K", "V"):
