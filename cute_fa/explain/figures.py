@@ -410,12 +410,19 @@ def block_mask_map(mask, b: int = 0, h: int = 0, ax=None):
     (full), evaluating the mask_mod (partial), or not at all (skipped)."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
 
     codes = block_mask_codes(mask, b, h)
     if ax is None:
         _, ax = plt.subplots(figsize=(0.3 * codes.shape[1] + 1.5, 0.3 * codes.shape[0] + 1))
-    ax.imshow(codes, cmap=ListedColormap(["0.92", "#f4a259", "#2a6f97"]), vmin=0, vmax=2,
-              interpolation="nearest", aspect="auto")
+    colours = ["0.92", "#f4a259", "#2a6f97"]
+    ax.imshow(codes, cmap=ListedColormap(colours), vmin=0, vmax=2, interpolation="nearest",
+              aspect="auto")
+    ax.legend(handles=[Patch(color=c, label=k) for c, k in zip(colours, BLOCK_KINDS)],
+              loc="upper right", fontsize=7)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(integer=True))
     bq, bk = mask.block_size
     ax.set_xlabel(f"key block ({bk} keys)")
     ax.set_ylabel(f"query block ({bq} queries)")
