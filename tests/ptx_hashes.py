@@ -10,12 +10,12 @@ sm_120a and the TMA kernel on sm_90a and sm_120a, for every head_dim class, dtyp
 causality of the tile tables, plus the padded and eager cases), the wgmma kernel's shipped
 configurations on sm_90a (tests/test_compile_sm90.py), the backward's kernels of
 tests/test_compile_bwd.py, then a sample of feature and decode kernels (windows, softcap,
-ragged batches, small-grid tiles, the persistent TMA kernel, the wgmma long-call tile, GQA
-packing in decode and in the wgmma prefill, paged caches (pages looked up at issue and a round
-ahead), seqused_k caches, split-KV in two launches and in one, the merge, the deterministic and
-ragged backward). A kernel's file is named by its key's fields, which a move of its class does
-not change; its symbol is replaced, since it spells the kernel class's module path and argument
-types.
+ragged batches, small-grid tiles, the persistent TMA kernel and wgmma backward, the wgmma
+long-call tile, GQA packing in decode and in the wgmma prefill, paged caches (pages looked up
+at issue and a round ahead), seqused_k caches, split-KV in two launches and in one, the merge,
+the deterministic and ragged backward). A kernel's file is named by its key's fields, which a
+move of its class does not change; its symbol is replaced, since it spells the kernel class's
+module path and argument types.
 
 `compare` also accepts, as the same code, a kernel whose new PTX lacks one parameter that the
 old PTX declared and never read (an argument its key does not use, no longer passed).
@@ -89,6 +89,9 @@ def _feature_keys() -> list:
                 (128, True, False, False, True, True), (128, False, True, True, True, False)]:
             out += bwd_keys(arch, "bfloat16", d, causal, local=local, softcap=softcap,
                             varlen=varlen, deterministic=det)
+    for d, causal in [(64, True), (128, False), (256, True)]:  # the persistent wgmma backward
+        out.append(dataclasses.replace(bwd_keys("sm_90a", "bfloat16", d, causal)[1],
+                                       persistent=132))
     return out
 
 
