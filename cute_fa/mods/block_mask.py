@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .dense import evaluate
+from .dense import evaluate, index_grid
 from .trace import trace_mask_mod
 
 
@@ -58,10 +58,7 @@ def _listed(counts, indices, k_blocks) -> torch.Tensor:
 
 def _mask(mask_mod, batch, heads, seqlen_q, seqlen_k, device) -> torch.Tensor:
     graph, captured = trace_mask_mod(mask_mod)
-    out = evaluate(graph, captured, b=torch.arange(batch, device=device)[:, None, None, None],
-                   h=torch.arange(heads, device=device)[None, :, None, None],
-                   q_idx=torch.arange(seqlen_q, device=device)[None, None, :, None],
-                   kv_idx=torch.arange(seqlen_k, device=device)[None, None, None, :])
+    out = evaluate(graph, captured, **index_grid(batch, heads, seqlen_q, seqlen_k, device))
     return out.expand(batch, heads, seqlen_q, seqlen_k)
 
 
@@ -90,10 +87,8 @@ def create_block_mask(mask_mod, batch: int | None, heads: int | None, seqlen_q: 
         # need not reach past them), False past them
         q = torch.arange(m * bq, min((m + 1) * bq, seqlen_q), device=device)
         kept = torch.zeros(batch, heads, bq, k_blocks * bk, dtype=torch.bool, device=device)
-        kept[:, :, :len(q), :seqlen_k] = evaluate(
-            graph, captured, b=torch.arange(batch, device=device)[:, None, None, None],
-            h=torch.arange(heads, device=device)[None, :, None, None],
-            q_idx=q[None, None, :, None], kv_idx=kv[None, None, None, :])
+        kept[:, :, :len(q), :seqlen_k] = evaluate(graph, captured,
+                                                  **index_grid(batch, heads, q, kv, device))
         kept = kept.reshape(batch, heads, bq, k_blocks, bk)
         full[:, :, m] = kept.all(dim=4).all(dim=2)
         some[:, :, m] = kept.any(dim=4).any(dim=2)

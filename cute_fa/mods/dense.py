@@ -19,6 +19,15 @@ _BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.di
            "ne": torch.ne, "and": torch.logical_and, "or": torch.logical_or}
 
 
+def index_grid(batch, heads, queries, keys, device=None) -> dict:
+    """b, h, q_idx and kv_idx broadcast against each other over (batch, heads, queries,
+    keys): each an arange of that count (or the given 1-D tensor) along its own dimension."""
+    b, h, q, kv = (torch.arange(n, device=device) if isinstance(n, int) else n
+                   for n in (batch, heads, queries, keys))
+    return dict(b=b[:, None, None, None], h=h[None, :, None, None],
+                q_idx=q[None, None, :, None], kv_idx=kv[None, None, None, :])
+
+
 def evaluate(graph: ModGraph, captured: tuple, *, b, h, q_idx, kv_idx, score=None):
     """The mod's value for every broadcast combination of `b`, `h`, `q_idx`, `kv_idx`
     (integer tensors) and `score` (the score_mod's input scores), with its captured tensors
@@ -43,9 +52,7 @@ def evaluate(graph: ModGraph, captured: tuple, *, b, h, q_idx, kv_idx, score=Non
             elif node.op in _UNARY:
                 value = _UNARY[node.op](args[0].to(_DTYPES[node.kind]))
             else:
-                wide = FLOAT if FLOAT in (a.kind for a in node.args) or node.op == "div" else \
-                    node.args[0].kind
-                value = _BINARY[node.op](*(a.to(_DTYPES[wide]) for a in args))
+                value = _BINARY[node.op](*(a.to(_DTYPES[node.operand_kind]) for a in args))
         values[node] = value.to(_DTYPES[node.kind])
     out = values[graph.root]
     return out.to(torch.float64) if graph.role == "score_mod" else out

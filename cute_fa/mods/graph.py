@@ -42,6 +42,13 @@ class Node:
     args: tuple = ()
     value: object = None
 
+    @property
+    def operand_kind(self) -> str:
+        """The kind a binary node computes in: float if an operand is (or for `div`), else
+        its operands' (comparisons then give bool, the others that kind)."""
+        kinds = {a.kind for a in self.args}
+        return FLOAT if FLOAT in kinds or self.op == "div" else self.args[0].kind
+
     def key(self) -> tuple:
         """The node as nested tuples of plain values (equal for equal graphs)."""
         return (self.op, self.kind, self.value, tuple(a.key() for a in self.args))

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .dense import evaluate
+from .dense import evaluate, index_grid
 from .trace import trace_mask_mod, trace_score_mod
 
 
@@ -31,10 +31,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, score_mod=No
     kd, vd = (t.repeat_interleave(group, dim=1) for t in (kd, vd))
     s = torch.einsum("bhqd,bhkd->bhqk", qd, kd) * scale
     device = s.device
-    index = dict(b=torch.arange(batch, device=device)[:, None, None, None],
-                 h=torch.arange(heads_q, device=device)[None, :, None, None],
-                 q_idx=torch.arange(seqlen_q, device=device)[None, None, :, None],
-                 kv_idx=torch.arange(seqlen_k, device=device)[None, None, None, :])
+    index = index_grid(batch, heads_q, seqlen_q, seqlen_k, device)
     if score_mod is not None:
         graph, captured = trace_score_mod(score_mod)
         s = evaluate(graph, captured, score=s, **index).expand_as(s)

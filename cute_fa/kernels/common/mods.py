@@ -8,7 +8,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from ...mods.graph import BOOL, COMPARISONS, FLOAT, INT
+from ...mods.graph import BOOL, COMPARISONS, FLOAT, INT, LEAVES
 
 _CAST = {FLOAT: cutlass.Float32, INT: cutlass.Int32, BOOL: cutlass.Boolean}
 
@@ -37,7 +37,7 @@ def emit(graph, leaves: dict, captured: tuple):
     a Float32, a mask's a Boolean."""
     values = {}
     for node in graph.nodes():
-        if node.op in ("score", "b", "h", "q_idx", "kv_idx"):
+        if node.op in LEAVES:
             value = _CAST[node.kind](leaves[node.op])
         elif node.op == "const":
             value = _CAST[node.kind](node.value)
@@ -51,10 +51,7 @@ def emit(graph, leaves: dict, captured: tuple):
         elif node.op in _UNARY:
             value = _UNARY[node.op](_CAST[node.kind](values[node.args[0]]))
         else:
-            # the operands' common kind: float if either is (or for /), else their own
-            kinds = {a.kind for a in node.args}
-            wide = FLOAT if FLOAT in kinds or node.op == "div" else node.args[0].kind
-            a, b = (_CAST[wide](values[x]) for x in node.args)
+            a, b = (_CAST[node.operand_kind](values[x]) for x in node.args)
             value = _BINARY[node.op](a, b)
             if node.op not in COMPARISONS:
                 value = _CAST[node.kind](value)
