@@ -15,6 +15,12 @@ def ring_slot(round_index, stages: int):
     return round_index % stages, (round_index // stages) % 2
 
 
+def ring_round(i, base=None):
+    """The ring round of a tile's round i: i in a one-tile CTA (base None); base + i in a
+    persistent one, whose rounds run on across its tiles (base: those of its earlier tiles)."""
+    return i if base is None else base + i
+
+
 @dataclass(frozen=True)
 class RingBarriers:
     """Where the TMA kernel's mbarriers sit in its array: Q's, then one per stage for K
@@ -35,6 +41,10 @@ class RingBarriers:
     @property
     def count(self) -> int:
         return 1 + 3 * self.stages
+
+    def addresses(self, mbar) -> tuple:
+        """(Q, K, V, empty): the first mbarrier of each kind, from the array's address."""
+        return tuple(mbar + i for i in (self.q, self.k, self.v, self.empty))
 
 
 @dataclass(frozen=True)

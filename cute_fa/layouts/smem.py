@@ -40,6 +40,15 @@ def smem_layout_kv(cfg: TileConfig, stages: int = 0):
 smem_layout_o = smem_layout_q
 
 
+def qkv_tensors(storage, sQ_layout, sKV_layout, cfg: TileConfig, stages: int = 0) -> tuple:
+    """(sQ, sK, sV, sVt) of a forward kernel's shared storage: the tiles in their layouts and
+    V's transposed view for P @ V (`transposed_v`)."""
+    sQ = storage.sQ.get_tensor(sQ_layout)
+    sK = storage.sK.get_tensor(sKV_layout)
+    sV = storage.sV.get_tensor(sKV_layout)
+    return sQ, sK, sV, transposed_v(sV, cfg, stages)
+
+
 def transposed_v(sV, cfg: TileConfig, stages: int = 0):
     """sVt(d, key[, stage]): the same smem as sV(key, d[, stage]), read as the B operand of P@V."""
     dp, bn = cfg.head_dim_padded, cfg.block_n

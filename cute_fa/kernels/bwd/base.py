@@ -60,18 +60,24 @@ class FlashBwdBase:
 
     @cute.jit
     def _work(self, mQ, mK, seq_mode: cutlass.Constexpr, head_mode: cutlass.Constexpr,
-              causal_offset, mCuSeqlensQ, mCuSeqlensK, head_splits=None) -> KeyBlockWork:
+              causal_offset, mCuSeqlensQ, mCuSeqlensK, head_splits=None,
+              place=None) -> KeyBlockWork:
         """This CTA's `KeyBlockWork` from its place in the grid (key block, K/V head, entry)
         and the extents of Q and K, whose modes seq_mode and head_mode are the sequence and
         the heads ((batch, seqlen, heads, d): 1, 2; the TMA view (seqlen, d, heads, batch): 0,
         2). head_splits: the grid's second place is K/V head * head_splits + the CTA's share
-        of the group's query heads (None: the K/V head; the CTA visits the whole group)."""
-        n_block, head_kv, batch = cute.arch.block_idx()
-        if cutlass.const_expr(self.deterministic and self.causal):
-            # the causal turns go from the last key block down (`_turn`): those CTAs start
-            # first, so a CTA only ever waits for CTAs started before it (never for one that
-            # cannot start while it holds an SM)
-            n_block = cute.arch.grid_dim()[0] - 1 - n_block
+        of the group's query heads (None: the K/V head; the CTA visits the whole group).
+        place: (key block, K/V head, entry) of a persistent CTA's tile, instead of the
+        grid's."""
+        if cutlass.const_expr(place is None):
+            n_block, head_kv, batch = cute.arch.block_idx()
+            if cutlass.const_expr(self.deterministic and self.causal):
+                # the causal turns go from the last key block down (`_turn`): those CTAs
+                # start first, so a CTA only ever waits for CTAs started before it (never for
+                # one that cannot start while it holds an SM)
+                n_block = cute.arch.grid_dim()[0] - 1 - n_block
+        else:
+            n_block, head_kv, batch = place
         seqlen = SeqlenInfo.of(batch, mQ.shape[seq_mode], mK.shape[seq_mode], mCuSeqlensQ,
                                mCuSeqlensK)
         if cutlass.const_expr(self.varlen_q or self.varlen_k):
@@ -86,6 +92,15 @@ class FlashBwdBase:
             group = group // head_splits
             head0 = head0 + share * group
         return KeyBlockWork(n_block, head_kv, batch, seqlen, causal_offset, group, head0, share)
+
+    @cute.jit
+    def _visits(self, work: KeyBlockWork, window_left, window_right) -> tuple:
+        """(`QueryBlocks`, query blocks per head, steps: those of every head it visits) of a
+        CTA's work."""
+        blocks = self._query_blocks(work.n_block, work.seqlen, work.causal_offset, window_left,
+                                    window_right)
+        per_head = cutlass.max(blocks.m_hi - blocks.m_lo, 0)
+        return blocks, per_head, per_head * work.group
 
     @cute.jit
     def _query_blocks(self, n_block, seqlen: SeqlenInfo, causal_offset, window_left,

@@ -14,7 +14,6 @@ import cutlass.memory
 from cutlass.cute.nvgpu import cpasync
 
 from ...layouts import wgmma
-from ..sched.seqlen import SeqlenInfo
 from .base import Grads, KeyBlockWork, QueryBlocks
 
 
@@ -79,21 +78,16 @@ class PersistentTiles:
         n_blocks = cute.ceil_div(tma_K.shape[0], self.cfg.block_n)
         heads_kv = tma_K.shape[2]
         total = n_blocks * heads_kv * tma_Q.shape[3]
-        group = tma_Q.shape[2] // heads_kv
         base = cutlass.Int32(0)
         tile = cutlass.Int32(0)
         t = cute.arch.block_idx()[0]
         while t < total:
             rest = t // n_blocks
-            n_block, head_kv, batch = t - rest * n_blocks, rest % heads_kv, rest // heads_kv
-            seqlen = SeqlenInfo.of(batch, tma_Q.shape[0], tma_K.shape[0])
-            work = KeyBlockWork(n_block, head_kv, batch, seqlen, causal_offset, group,
-                                head_kv * group)
-            blocks = self._query_blocks(n_block, seqlen, causal_offset, window_left,
-                                        window_right)
-            per_head = cutlass.max(blocks.m_hi - blocks.m_lo, 0)
-            body(work, blocks, per_head, per_head * group, base, tile)
-            base = base + per_head * group
+            work = self._work(tma_Q, tma_K, 0, 2, causal_offset, None, None,
+                              place=(t - rest * n_blocks, rest % heads_kv, rest // heads_kv))
+            blocks, per_head, steps = self._visits(work, window_left, window_right)
+            body(work, blocks, per_head, steps, base, tile)
+            base = base + steps
             tile = tile + 1
             t = t + cute.arch.grid_dim()[0]
 

@@ -78,12 +78,6 @@ from .persistent import PersistentTiles
 CONSUMER_BARRIER = 1  # named barrier of the consumer warpgroups (0 is the CTA's)
 
 
-def _ring_index(i, base):
-    """The ring round of a CTA's step i: i in a one-tile CTA (base None); base + i in a
-    persistent one, whose rounds run on across its tiles (base: those of its earlier tiles)."""
-    return i if base is None else base + i
-
-
 class FlashBwdSm90(PersistentTiles, FlashBwdBase):
     """Built from a `compile.keys.BwdSm90Key`."""
 
@@ -203,17 +197,14 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
         work = self._work(tma_Q, tma_K, 0, 2, causal_offset, mCuSeqlensQ, mCuSeqlensK,
                           head_splits)
         n_block, head_kv, batch, seqlen = work.n_block, work.head_kv, work.batch, work.seqlen
-        causal_offset, group, head0 = work.causal_offset, work.group, work.head0
+        head0 = work.head0
 
         storage = cutlass.memory.SmemAllocator().allocate(Storage)
         self._init_barriers(storage.mbar.data_ptr(), warp)
 
         # a ragged batch's short entries have fewer key blocks than the grid
         if n_block * cfg.block_n < seqlen.seqlen_k:
-            blocks = self._query_blocks(n_block, seqlen, causal_offset, window_left,
-                                        window_right)
-            per_head = cutlass.max(blocks.m_hi - blocks.m_lo, 0)
-            steps = per_head * group
+            blocks, per_head, steps = self._visits(work, window_left, window_right)
             if warp < 4:
                 cute.arch.setmaxregister_decrease(self.roles.producer_regs)
                 if warp == 0:
@@ -319,7 +310,7 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
         """Warp 1: each step's LSE and D rows into their stage, lane by lane; rows past the
         entry's queries get LSE = +inf (weights 0) and D = 0. Each lane arrives on the stage's
         barrier once its own stores are done. base: a persistent CTA's ring rounds before
-        this tile (`_ring_index`)."""
+        this tile (`layouts.ring.ring_round`)."""
         cfg, bars = self.cfg, self.bars
         bm = cfg.block_m
         mbar = storage.mbar.data_ptr()
@@ -328,7 +319,7 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
         lane = cute.arch.lane_idx()
         for i in cutlass.range(steps, unroll=1):
             head, m_block = self._step_place(i, blocks, head0, per_head)
-            stage = self._wait_empty(mbar, _ring_index(i, base))
+            stage = self._wait_empty(mbar, ring.ring_round(i, base))
             lse = seqlen.lse_row(mLSE, batch, head)
             d = seqlen.lse_row(mD, batch, head)
             for r in cutlass.range_constexpr(-(-bm // 32)):
@@ -364,7 +355,7 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
             for i in cutlass.range(steps, unroll=1):
                 head, m_block = self._step_place(i, blocks, head0, per_head)
                 chunk = self._dq_chunk(mdQaccum, batch, head, m_block, mCuSeqlensQ)
-                cute.arch.mbarrier_wait(mbar + bars.dq_full, _ring_index(i, base) % 2)
+                cute.arch.mbarrier_wait(mbar + bars.dq_full, ring.ring_round(i, base) % 2)
                 if cutlass.const_expr(self.deterministic):
                     lock = self._dq_lock(mSemaphore, batch, head, m_block)
                     self._wait_turn(lock, self._turn(m_block, n_block, blocks, seqlen), 0)
@@ -529,7 +520,7 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
             cute.arch.mbarrier_wait(mbar + bars.kv, tile % 2)
         for i in cutlass.range(steps, unroll=1):
             head, m_block = self._step_place(i, blocks, head0, per_head)
-            stage, phase = ring.ring_slot(_ring_index(i, base), stages)
+            stage, phase = ring.ring_slot(ring.ring_round(i, base), stages)
             cute.arch.mbarrier_wait(mbar + bars.q_full + stage, phase)
             acc_S = cute.make_rmem_tensor(shape_S, cutlass.Float32)
             gemm(mma_sdp, acc_S, tSrK, tSrQ[None, None, None, stage], True)
@@ -594,14 +585,14 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
                 # dK behind dQ: dQ's hand-over runs under dK, the stage is released after it
                 gemm(mma_dkv, acc_dK, tdKrdS, tdKrQt[None, None, None, stage], False)
                 warpgroup.wait_group(1)
-                self._hand_over_dq(acc_dQ, grads, sdQ_chunk, mbar, _ring_index(i, base), head,
+                self._hand_over_dq(acc_dQ, grads, sdQ_chunk, mbar, ring.ring_round(i, base), head,
                                    m_block, n_block, blocks, seqlen, batch, mCuSeqlensQ, ctidx)
                 warpgroup.wait_group(0)
                 self._release(mbar, stage)
             else:
                 warpgroup.wait_group(0)
                 self._release(mbar, stage)
-                self._hand_over_dq(acc_dQ, grads, sdQ_chunk, mbar, _ring_index(i, base), head,
+                self._hand_over_dq(acc_dQ, grads, sdQ_chunk, mbar, ring.ring_round(i, base), head,
                                    m_block, n_block, blocks, seqlen, batch, mCuSeqlensQ, ctidx)
             self._consumer_sync()  # every warpgroup has read dS (and P) before a rewrite
 

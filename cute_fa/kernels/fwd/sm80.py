@@ -186,10 +186,7 @@ class FlashFwdSm80(FlashFwdBase):
         cKV = cute.make_identity_tensor((bn, dp))
 
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
-        sQ = storage.sQ.get_tensor(sQ_layout)
-        sK = storage.sK.get_tensor(sKV_layout)
-        sV = storage.sV.get_tensor(sKV_layout)
-        sVt = smem.transposed_v(sV, cfg, self.kv_stages)
+        sQ, sK, sV, sVt = smem.qkv_tensors(storage, sQ_layout, sKV_layout, cfg, self.kv_stages)
 
         g2s = copies.gmem_tiled_copy_qkv(cfg)
         thr_g2s = g2s.get_slice(tidx)

@@ -156,13 +156,9 @@ class FlashFwdTma(FlashFwdBase):
         n_rounds = self._n_rounds(n_block_max, keys.n_block_min)
 
         storage = cutlass.memory.SmemAllocator().allocate(Storage)
-        sQ = storage.sQ.get_tensor(sQ_layout)
-        sK = storage.sK.get_tensor(sKV_layout)
-        sV = storage.sV.get_tensor(sKV_layout)
-        sVt = smem.transposed_v(sV, cfg, stages)
+        sQ, sK, _, sVt = smem.qkv_tensors(storage, sQ_layout, sKV_layout, cfg, stages)
         bars = ring.RingBarriers(stages)
-        mbar = storage.mbar.data_ptr()
-        bar_Q, bar_K, bar_V, bar_E = (mbar + i for i in (bars.q, bars.k, bars.v, bars.empty))
+        bar_Q, bar_K, bar_V, bar_E = bars.addresses(storage.mbar.data_ptr())
 
         tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self._tma_partitions(
             storage, stages, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tile,
@@ -227,13 +223,9 @@ class FlashFwdTma(FlashFwdBase):
         step = cute.arch.grid_dim()[0]
 
         storage = cutlass.memory.SmemAllocator().allocate(Storage)
-        sQ = storage.sQ.get_tensor(sQ_layout)
-        sK = storage.sK.get_tensor(sKV_layout)
-        sV = storage.sV.get_tensor(sKV_layout)
-        sVt = smem.transposed_v(sV, cfg, stages)
+        sQ, sK, _, sVt = smem.qkv_tensors(storage, sQ_layout, sKV_layout, cfg, stages)
         bars = ring.RingBarriers(stages)
-        mbar = storage.mbar.data_ptr()
-        bar_Q, bar_K, bar_V, bar_E = (mbar + i for i in (bars.q, bars.k, bars.v, bars.empty))
+        bar_Q, bar_K, bar_V, bar_E = bars.addresses(storage.mbar.data_ptr())
         box_Q, box_KV = tma.tma_box(cfg, "Q"), tma.tma_box(cfg, "K")
 
         warp0 = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0
@@ -308,8 +300,7 @@ class FlashFwdTma(FlashFwdBase):
         """Warp 0: start the K and V tiles of key block n_block into the stage of the tile's
         round round_index (the ring's round ld.base + round_index where a persistent CTA
         counts on); tKgK/tVgV: another tile's partitions (the next one's), else ld's."""
-        if cutlass.const_expr(ld.base is not None):
-            round_index = ld.base + round_index
+        round_index = ring.ring_round(round_index, ld.base)
         if cutlass.const_expr(tKgK is None):
             tKgK, tVgV = ld.tKgK, ld.tVgV
         stage, _ = ring.ring_slot(round_index, self.kv_stages)
@@ -325,8 +316,7 @@ class FlashFwdTma(FlashFwdBase):
 
     def round_slot(self, ctx: RoundContext, i) -> RoundSlot:
         n_block = ctx.n_block_max - 1 - i
-        base = ctx.loads.base
-        stage, phase = ring.ring_slot(i if base is None else base + i, self.kv_stages)
+        stage, phase = ring.ring_slot(ring.ring_round(i, ctx.loads.base), self.kv_stages)
         return RoundSlot(i, n_block, stage, phase)
 
     def before_s(self, ctx: RoundContext, slot: RoundSlot, masked):
