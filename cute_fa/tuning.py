@@ -341,6 +341,14 @@ SPILLING_FEATURE_KERNELS = {("sm_90a", "sm80", 256, True, (False, True, False)):
 # 48, some paged head_dim-64 ones: memory-bound, spilling to L1 costs them little).
 FEATURE_SPILL_BUDGET = 48
 
+# Bytes of spill stores (and loads) a forward kernel with a score_mod / mask_mod may have
+# (`kernels/common/mods.py`, on the plain call's tile), from ptxas for the mods of
+# tests/test_compile_mods.py: up to 124 for most (the wgmma kernel's head_dim 64 tile the
+# most), 260 / 280 for a bias table gathered per score (relative_bias) in the TMA kernel's
+# sm_90a head_dim 128 tile, whose 255 registers were already taken; sm_120a's TMA tiles are
+# spill-free. Not yet timed against tiles chosen for mods.
+MOD_SPILL_BUDGET = 288
+
 # CTAs per SM the TMA kernel's K/V ring is sized for (default 2): three at head_dim 64, whose
 # causal kernel is capped for three (REGISTER_CAP_CTAS); 3 vs 4 stages measured the same.
 TMA_CTAS_PER_SM = {64: 3}

@@ -28,3 +28,43 @@ def test_mod_probe_compiles(arch, tracer, name, fn):
     reads = sum(n.op in ("score", "b", "h", "q_idx", "kv_idx", "load") for n in graph.nodes())
     assert len(re.findall(r"\bld\.global", ptx)) == reads
     assert len(re.findall(r"\bst\.global", ptx)) == 1
+
+
+# (arch, backend): each forward kernel on an arch it ships for, sm_120a's TMA kernel too
+KERNEL_ARCHS = [("sm_80", "sm80"), ("sm_90a", "tma"), ("sm_90a", "sm90"), ("sm_120a", "tma")]
+# a score_mod and a mask_mod reading captured tensors (float32 per head, int32 per position),
+# and a mask reading a bool table by block: what the kernels' mod hook must carry
+KERNEL_MODS = {"alibi_document": (SCORES["alibi"], MASKS["document"]),
+               "relative_bias": (SCORES["relative_bias"], None),
+               "bool_blocks": (None, lambda b, h, q, kv: BLOCKS[b, h, q // 64, kv // 64])}
+BLOCKS = __import__("torch").rand(2, 4, 8, 8) < 0.5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("arch, backend", KERNEL_ARCHS)
+@pytest.mark.parametrize("mods", sorted(KERNEL_MODS))
+def test_attention_kernels_compile_with_mods(mods, arch, backend, causal):
+    """Each forward kernel with the mods in its key compiles on the CPU with at most
+    tuning.MOD_SPILL_BUDGET bytes of spills, loads each captured tensor (a global load a
+    kernel without mods lacks) and takes its captures as one argument per tensor."""
+    import dataclasses
+
+    from cute_fa.compile.build import compile_kernel
+    from cute_fa.compile.ptxas import ptxas_resources
+    from cute_fa.tuning import MOD_SPILL_BUDGET, kernel_key
+
+    score_fn, mask_fn = KERNEL_MODS[mods]
+    score = trace_score_mod(score_fn)[0] if score_fn else None
+    mask = trace_mask_mod(mask_fn)[0] if mask_fn else None
+    plain = kernel_key(arch, "bfloat16", 128, causal, backend)
+    key = dataclasses.replace(plain, score_mod=score, mask_mod=mask)
+    ptx = compile_kernel(key, keep_ptx=True).__ptx__
+    res = ptxas_resources(ptx, arch)
+    assert res["spill_stores"] <= MOD_SPILL_BUDGET and res["spill_loads"] <= MOD_SPILL_BUDGET, \
+        res["log"]
+    captures = sum(len(g.captures) for g in (score, mask) if g is not None)
+    plain_ptx = compile_kernel(plain, keep_ptx=True).__ptx__
+    params = len(re.findall(r"\.param\b", ptx)) - len(re.findall(r"\.param\b", plain_ptx))
+    assert params >= captures  # at least a pointer per captured tensor
+    loads = len(re.findall(r"\bld\.global", ptx)) - len(re.findall(r"\bld\.global", plain_ptx))
+    assert loads > 0

@@ -10,15 +10,17 @@ through the custom ops that torch.compile traces (`api.ops`).
 
 from __future__ import annotations
 
-from typing import Literal, overload
+from typing import Callable, Literal, overload
 
 import torch
 
 from ..runtime.call import DENSE, NO_WINDOW, RAGGED, AttentionCall
 from ..runtime.device import device
 from ..runtime.plan import plan
-from ..runtime.run import run_forward, run_merge
+from ..runtime.run import kernel_captures, run_forward, run_merge
 from . import autograd, ops
+from .mods import NONE, TracedMods, refuse_under_compile, refuse_without_backward, trace_mods, \
+    with_mods
 from .checks import (SDPA_NAMES, as_bool, as_deterministic, check_forward, check_merge,
                      check_tensor, decode_call, plain_call, tracing, window_ints)
 
@@ -43,21 +45,25 @@ def _refuse_without_backward(call: AttentionCall, out) -> None:
 
 
 def _attend(call: AttentionCall, q, k, v, out, deterministic, original: tuple, *,
-            cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None):
+            cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
+            mods: TracedMods = NONE):
     """The call, checked, down its route. original: (causal, window_size, softcap,
     bottom_right) as the caller gave them, which the custom ops take (their eager body checks
-    them again)."""
+    them again). mods: the call's traced mods, already in call.features (eager, no grad)."""
     if tracing(q):
+        refuse_under_compile(mods)
         o, lse = _through_op(call, q, k, v, out, deterministic, original, cu_seqlens_q,
                              cu_seqlens_k, seqused_k, page_table)
     elif requires_grad(q, k, v):
+        refuse_without_backward(mods)
         _refuse_without_backward(call, out)
         o, lse = autograd.attention(call, as_deterministic(deterministic), q, k, v,
                                     cu_seqlens_q, cu_seqlens_k)
     else:
         o, lse = run_forward(call, plan(call, device(call.device_index)), q, k, v, out,
                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                             seqused_k=seqused_k, page_table=page_table)
+                             seqused_k=seqused_k, page_table=page_table,
+                             captures=kernel_captures(mods.captures))
     return (o, lse) if call.return_lse else o
 
 
@@ -97,7 +103,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ..
             out: torch.Tensor | None = ..., backend: Backend = ..., *,
             window_size: tuple[int, int] = ..., softcap: float = ...,
             seqused_k: torch.Tensor | None = ..., page_table: torch.Tensor | None = ...,
-            num_splits: int | None = ..., deterministic: bool | None = ...) -> torch.Tensor: ...
+            num_splits: int | None = ..., deterministic: bool | None = ...,
+            score_mod: Callable | None = ..., mask_mod: Callable | None = ...
+            ) -> torch.Tensor: ...
 
 
 @overload
@@ -106,7 +114,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ..
             out: torch.Tensor | None = ..., backend: Backend = ...,
             window_size: tuple[int, int] = ..., softcap: float = ...,
             seqused_k: torch.Tensor | None = ..., page_table: torch.Tensor | None = ...,
-            num_splits: int | None = ..., deterministic: bool | None = ...
+            num_splits: int | None = ..., deterministic: bool | None = ...,
+            score_mod: Callable | None = ..., mask_mod: Callable | None = ...
             ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -116,6 +125,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
             window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
             seqused_k: torch.Tensor | None = None, page_table: torch.Tensor | None = None,
             num_splits: int | None = None, deterministic: bool | None = None,
+            score_mod: Callable | None = None, mask_mod: Callable | None = None,
             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward in flash-attn's layout, differentiable.
 
@@ -150,6 +160,18 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     Calls with at most 16 queries per sequence pack the query heads of a GQA group into one
     tile, so K and V are read once per group.
 
+    score_mod(score, b, h, q_idx, kv_idx) -> score and mask_mod(b, h, q_idx, kv_idx) -> bool:
+    FlexAttention's mods, compiled into the kernel. score is q.k * softmax_scale (float32), b
+    the batch entry, h the query head, q_idx and kv_idx the query's and key's positions in
+    their sequences; a key whose mask_mod is False weighs nothing (with causal, a window or
+    the sequence's end, on top of them). The vocabulary: arithmetic, comparisons,
+    torch.where, abs, exp, tanh, sigmoid, torch.minimum/maximum/clamp, integer // and %, & |
+    ~, and tensors indexed by the indices (on q's device: a bias table, per-head slopes,
+    document ids); anything else raises a TypeError naming it. Each call traces the
+    functions (microseconds); a new function compiles its kernel once, new values in its
+    tensors never recompile. Not with softcap (write it into the score_mod), autograd or
+    torch.compile yet.
+
     Gradients: where q, k or v require grad, the output's grad_fn runs cute_fa's backward
     kernels (`cute_fa.backward`); lse is returned as a non-differentiable output. deterministic:
     True makes dq bitwise repeatable (its float32 sums formed in a fixed order, slower), None
@@ -162,24 +184,29 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     call = None
     if seqused_k is None and page_table is None and num_splits is None and softcap == 0.0 \
             and type(window_size) is tuple and window_size == NO_WINDOW \
+            and score_mod is None and mask_mod is None \
             and not torch.compiler.is_compiling():  # (it reads addresses, which traces lack)
         call = plain_call(q, k, v, out, softmax_scale, causal, return_lse, backend)
+    mods = NONE
     if call is None:
         call = check_forward(DENSE, q, k, v, out=out, softmax_scale=softmax_scale,
                              causal=causal, return_lse=return_lse, backend=backend,
                              window_size=window_size, softcap=softcap, seqused_k=seqused_k,
                              page_table=page_table, num_splits=num_splits)
+        mods = trace_mods(score_mod, mask_mod, q, softcap)
+        call = with_mods(call, mods)
     return _attend(call, q, k, v, out, deterministic, (causal, window_size, softcap, True),
-                   seqused_k=seqused_k, page_table=page_table)
+                   seqused_k=seqused_k, page_table=page_table, mods=mods)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
          scale: float | None = None, backend: Backend = "auto", *,
-         deterministic: bool | None = None) -> torch.Tensor:
+         deterministic: bool | None = None, score_mod: Callable | None = None,
+         mask_mod: Callable | None = None) -> torch.Tensor:
     """Like torch.nn.functional.scaled_dot_product_attention on (batch, heads, seqlen, head_dim).
 
     Top-left causal, as torch does; same kernel as `forward`, reached through strides, and
-    differentiable as `forward` is.
+    differentiable as `forward` is. score_mod, mask_mod: `forward`'s.
     """
     if deterministic is not None:
         as_bool("deterministic", deterministic)
@@ -188,11 +215,13 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = Fa
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     call = check_forward(DENSE, qt, kt, vt, softmax_scale=scale, causal=is_causal,
                          backend=backend, bottom_right=False, names=SDPA_NAMES)
+    mods = trace_mods(score_mod, mask_mod, q)
+    call = with_mods(call, mods)
     out = None
     if not tracing(q) and not requires_grad(q, k, v):
         out = torch.empty_like(q).transpose(1, 2)  # o in q's own (batch, heads, ...) order
-    return _attend(call, qt, kt, vt, out, deterministic, (is_causal, NO_WINDOW, 0.0, False)
-                   ).transpose(1, 2)
+    return _attend(call, qt, kt, vt, out, deterministic, (is_causal, NO_WINDOW, 0.0, False),
+                   mods=mods).transpose(1, 2)
 
 
 @overload
@@ -204,7 +233,8 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor | None = ..., backend: Backend = ..., *,
                    seqused_k: torch.Tensor | None = ...,
                    page_table: torch.Tensor | None = ...,
-                   deterministic: bool | None = ...) -> torch.Tensor: ...
+                   deterministic: bool | None = ..., score_mod: Callable | None = ...,
+                   mask_mod: Callable | None = ...) -> torch.Tensor: ...
 
 
 @overload
@@ -216,7 +246,8 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor | None = ..., backend: Backend = ...,
                    seqused_k: torch.Tensor | None = ...,
                    page_table: torch.Tensor | None = ...,
-                   deterministic: bool | None = ...) -> tuple[torch.Tensor, torch.Tensor]:
+                   deterministic: bool | None = ..., score_mod: Callable | None = ...,
+                   mask_mod: Callable | None = ...) -> tuple[torch.Tensor, torch.Tensor]:
     ...
 
 
@@ -228,6 +259,7 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor | None = None, backend: Backend = "auto", *,
                    seqused_k: torch.Tensor | None = None,
                    page_table: torch.Tensor | None = None, deterministic: bool | None = None,
+                   score_mod: Callable | None = None, mask_mod: Callable | None = None,
                    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward over a ragged batch packed end to end (flash-attn's
     `flash_attn_varlen_func`), in one launch, with no host sync and no copy; differentiable
@@ -256,6 +288,7 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     checks them). The TMA kernel reads a sequence's last K/V tile whole, into the next
     sequence's rows (or past cu_seqlens_k[-1]): those keys weigh exactly zero, but rows of k and
     v below total_k must hold finite values (0 x NaN is NaN).
+    score_mod, mask_mod: `forward`'s, b being the sequence and q_idx, kv_idx positions in it.
     """
     if deterministic is not None:
         as_bool("deterministic", deterministic)
@@ -264,9 +297,11 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          softcap=softcap, seqused_k=seqused_k, page_table=page_table,
                          cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    mods = trace_mods(score_mod, mask_mod, q, softcap)
+    call = with_mods(call, mods)
     return _attend(call, q, k, v, out, deterministic, (causal, window_size, softcap, True),
                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
-                   page_table=page_table)
+                   page_table=page_table, mods=mods)
 
 
 def merge_attention(o_parts: torch.Tensor,

@@ -23,7 +23,10 @@ class KernelKey:
     where local); local: a sliding window's lower edge (window_left); softcap: scores pass
     through softcap * tanh(. / softcap); varlen_q / varlen_k: Q (and O, LSE) / K and V are
     ragged batches packed end to end, entry b's rows starting at cu_seqlens[b]; lpt: causal
-    query blocks start longest first across heads (`kernels.sched.tile_scheduler.SingleTileScheduler`)."""
+    query blocks start longest first across heads (`kernels.sched.tile_scheduler.SingleTileScheduler`).
+    score_mod / mask_mod: a traced mod (`cute_fa.mods.ModGraph`, equal for equal graphs
+    whatever the captured tensors hold) run on every score (`kernels/common/mods.py`); its
+    captured tensors are the kernel's `captures` argument."""
 
     arch: str
     causal: bool
@@ -34,7 +37,24 @@ class KernelKey:
     softcap: bool = False
     varlen_q: bool = False
     varlen_k: bool = False
+    score_mod: object = None
+    mask_mod: object = None
     backend: ClassVar[str] = ""
+
+    @property
+    def has_captures(self) -> bool:
+        """Whether the key's mods index captured tensors (the `captures` argument)."""
+        return any(g is not None and g.captures for g in (self.score_mod, self.mask_mod))
+
+    def _check_mods(self) -> None:
+        for name in ("score_mod", "mask_mod"):
+            graph = getattr(self, name)
+            if graph is not None and getattr(graph, "role", None) != name:
+                raise TypeError(f"{name} must be a traced {name} (cute_fa.mods.ModGraph), "
+                                f"got {graph!r}")
+        if self.score_mod is not None and self.softcap:
+            raise ValueError("a softcap and a score_mod together: the softcap is a score_mod "
+                             "(softcap * tanh(score / softcap)); give one or the other")
 
 
 def _check_persistent(persistent) -> None:
@@ -66,6 +86,7 @@ class Sm80Key(KernelKey):
     backend: ClassVar[str] = "sm80"
 
     def __post_init__(self):
+        self._check_mods()
         if self.kv_stages == 1 or self.kv_stages < 0:
             raise ValueError(f"kv_stages must be 0 or at least 2, got {self.kv_stages}")
         if self.pack_gqa < 1:
@@ -102,6 +123,7 @@ class TmaKey(KernelKey):
     backend: ClassVar[str] = "tma"
 
     def __post_init__(self):
+        self._check_mods()
         _check_persistent(self.persistent)
         if self.persistent and (self.varlen_q or self.varlen_k):
             raise ValueError("persistent loops over the tiles of a dense call: not with a "
@@ -135,6 +157,7 @@ class Sm90Key(KernelKey):
     backend: ClassVar[str] = "sm90"
 
     def __post_init__(self):
+        self._check_mods()
         _check_persistent(self.persistent)
         if self.persistent and (self.varlen_q or self.varlen_k or not self.tma_store):
             raise ValueError("persistent loops over the tiles of a dense call (one TMA store "
@@ -175,8 +198,10 @@ class MergeKey:
 
 
 def _check_backward_key(key: KernelKey, tile_type: type) -> None:
-    """What every backward main kernel's key must hold: a tile of its kernel's type, and no
-    lpt (the backward's CTAs own key blocks)."""
+    """What every backward main kernel's key must hold: a tile of its kernel's type, no lpt
+    (the backward's CTAs own key blocks) and no mods (the backward does not run them)."""
+    if key.score_mod is not None or key.mask_mod is not None:
+        raise ValueError("the backward kernels take no score_mod or mask_mod")
     if not isinstance(key.tile, tile_type):
         raise TypeError(f"tile must be a {tile_type.__name__}, got {type(key.tile).__name__}")
     if key.lpt:

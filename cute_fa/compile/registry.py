@@ -42,11 +42,12 @@ def _args(*specs) -> tuple:
 # ragged batch: (1, total, heads, head_dim)); "out": the same in the input dtype, or float32 for
 # split-KV partials; "lse": float32 (batch, heads, seqlen), ragged (1, heads, total); then
 # scalars. The window's sides come with a sliding window (`local`), the softcap with a softcap,
-# the ragged batch's cu_seqlens int32 (batch + 1,) and longest query with a ragged batch, and
-# the cp.async kernel's decode arguments (seqused_k int32 (batch,), page_table int32 (batch,
-# pages per sequence), the split count; with fused_merge the call's own O and LSE, whether to
-# write that LSE, and int32 counters, one per query block) with their key fields. The launch
-# adds the stream.
+# the ragged batch's cu_seqlens int32 (batch + 1,) and longest query with a ragged batch, the
+# tensors a key's mods capture ("captures": a tuple, any strides, `KernelKey.has_captures`),
+# and the cp.async kernel's decode arguments (seqused_k int32 (batch,), page_table int32
+# (batch, pages per sequence), the split count; with fused_merge the call's own O and LSE,
+# whether to write that LSE, and int32 counters, one per query block) with their key fields.
+# The launch adds the stream.
 _FORWARD = (("q", "qkvo"), ("k", "qkvo"), ("v", "qkvo"), ("out", "out"), ("lse", "lse"),
             ("softmax_scale", "float32"), ("causal_offset", "int32", ("causal", "local")),
             ("write_lse", "int32"),
@@ -54,7 +55,8 @@ _FORWARD = (("q", "qkvo"), ("k", "qkvo"), ("v", "qkvo"), ("out", "out"), ("lse",
             ("softcap", "float32", ("softcap",)),
             ("cu_seqlens_q", "int32_vector", ("varlen_q",)),
             ("cu_seqlens_k", "int32_vector", ("varlen_k",)),
-            ("max_seqlen_q", "int32", ("varlen_q",)))
+            ("max_seqlen_q", "int32", ("varlen_q",)),
+            ("captures", "captures", ("has_captures",)))
 FORWARD_ARGUMENTS = _args(*_FORWARD)
 # the wgmma kernel's, then a persistent grid's shared tile counter (int32 (1,)) where its
 # CTAs take tiles as they finish (`Sm90Key.dynamic_tiles`)

@@ -15,11 +15,9 @@ import cutlass
 import cutlass.cute as cute
 
 from ..mods.graph import BOOL
-from .common.mods import emit
+from .common.mods import DTYPES, emit
 
 THREADS = 128
-DTYPES = {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
-          "int32": cutlass.Int32, "int64": cutlass.Int64, "bool": cutlass.Boolean}
 
 
 class ModProbe:

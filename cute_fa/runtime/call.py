@@ -19,14 +19,17 @@ DENSE, RAGGED = "dense", "ragged"
 class ScoreFeatures(NamedTuple):
     """What a call asks of the scores besides the scale: causal (an upper edge, moved right by
     window_right), a sliding window's lower edge (local, window_left keys left of the
-    diagonal) and a softcap (0: none). `causal` and `local` are kernel key fields; the rest
-    are kernel arguments."""
+    diagonal), a softcap (0: none) and traced mods (`cute_fa.mods.ModGraph`, None: none).
+    `causal`, `local` and the mods are kernel key fields; the rest are kernel arguments (the
+    mods' captured tensors too)."""
 
     causal: bool
     local: bool = False
     window_left: int = 0
     window_right: int = 0
     softcap: float = 0.0
+    score_mod: object = None
+    mask_mod: object = None
 
 
 PLAIN = {False: ScoreFeatures(False), True: ScoreFeatures(True)}

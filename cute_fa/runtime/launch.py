@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 
 class ForwardArgs(NamedTuple):
-    """The forward kernels' (sm80's; the TMA kernel takes the first 14, the wgmma kernel
+    """The forward kernels' (sm80's; the TMA kernel takes the first 15, the wgmma kernel
     `Sm90Args`)."""
 
     q: object
@@ -27,6 +27,7 @@ class ForwardArgs(NamedTuple):
     cu_seqlens_q: object = None
     cu_seqlens_k: object = None
     max_seqlen_q: int | None = None
+    captures: tuple | None = None
     seqused_k: object = None
     page_table: object = None
     num_splits: int | None = None
@@ -36,10 +37,10 @@ class ForwardArgs(NamedTuple):
     split_counters: object = None
 
 
-# the wgmma kernel's: the first 14 of ForwardArgs (no decode arguments), then a persistent
+# the wgmma kernel's: the first 15 of ForwardArgs (no decode arguments), then a persistent
 # grid's tile counter
-Sm90Args = namedtuple("Sm90Args", ForwardArgs._fields[:14] + ("tile_counter",),
-                      defaults=(None,) * 7)
+Sm90Args = namedtuple("Sm90Args", ForwardArgs._fields[:15] + ("tile_counter",),
+                      defaults=(None,) * 8)
 
 
 class MergeArgs(NamedTuple):

@@ -24,7 +24,7 @@ from ..tuning import (DECODE_MAX_SEQLEN_Q, PREFILL_ONLY, decode_ctas_per_sm, dec
                       decode_key, decode_rows_class, is_small_grid, kernel_key,
                       num_splits_heuristic, sm90_long, sm90_pack_gqa, sm90_persistent)
 from ..tuning_bwd import bwd_head_splits, bwd_keys
-from .call import RAGGED, AttentionCall, BackwardCall, MergeCall
+from .call import RAGGED, AttentionCall, BackwardCall, MergeCall, ScoreFeatures
 from .device import Device
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -180,6 +180,13 @@ def _changed(key, changes: tuple):
     return dataclasses.replace(key, **dict(changes))
 
 
+def _with_mods(key, f: ScoreFeatures):
+    """`key` running the call's traced mods (the tile planned for the call without them)."""
+    if f.score_mod is None and f.mask_mod is None:
+        return key
+    return dataclasses.replace(key, score_mod=f.score_mod, mask_mod=f.mask_mod)
+
+
 def _forward(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
     if is_decode(call):
         return _decode(call, device, compile)
@@ -197,7 +204,8 @@ def _forward(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
     pack = 1 if persist or call.layout == RAGGED else sm90_pack_gqa(
         call.head_dim, f.causal, call.seqlen_q, call.heads_q, call.heads_kv)
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
-             f.softcap > 0, call.layout, call.backend, small, long, persist, pack, over, compile)
+             f.softcap > 0, f.score_mod, f.mask_mod, call.layout, call.backend, small, long,
+             persist, pack, over, compile)
     found = _FORWARD.get(route)
     if found is None:
         key = kernel_key(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
@@ -205,7 +213,7 @@ def _forward(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
                          softcap=f.softcap > 0, varlen=call.layout == RAGGED, small_grid=small,
                          seqlen_q=call.seqlen_q, persistent_sms=device.num_sms if persist else 0,
                          pack_gqa=pack)
-        key = _changed(key, over.changes)
+        key = _changed(_with_mods(key, f), over.changes)
         found = _FORWARD[route] = ForwardPlan(key, _compiled(key, compile), used_arguments(key))
     pack = getattr(found.key, "pack_gqa", 1)
     if pack > 1 and pack * call.heads_kv != call.heads_q:
@@ -222,7 +230,8 @@ def _decode(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
     # what decode_key reads of seqlen_q: whether the call is short, and which decode tile its
     # packed rows take
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
-             f.softcap > 0, ragged_q, call.ragged_k, call.seqlen_q <= DECODE_MAX_SEQLEN_Q,
+             f.softcap > 0, f.score_mod, f.mask_mod, ragged_q, call.ragged_k,
+             call.seqlen_q <= DECODE_MAX_SEQLEN_Q,
              decode_rows_class(call.head_dim, call.seqlen_q * group), group, call.page_size,
              call.seqused_k, over, compile)
     held = _DECODE.get(route)
@@ -232,7 +241,7 @@ def _decode(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
                          seqused_k=call.seqused_k, split_kv=False, tile_arch=over.tile_arch,
                          local=f.local, softcap=f.softcap > 0, varlen_q=ragged_q,
                          varlen_k=call.ragged_k)
-        key = _changed(key, over.changes)
+        key = _changed(_with_mods(key, f), over.changes)
         held = _DECODE[route] = (key, decode_ctas_per_sm(key, over.tile_arch or device.arch), {})
     base, ctas_per_sm, plans = held
     tiles, key_blocks = unsplit_grid(call, base)

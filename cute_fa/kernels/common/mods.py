@@ -1,15 +1,25 @@
 """A traced attention mod (`cute_fa.mods.graph.ModGraph`) as device code: each node one or a few
 DSL operations on 32-bit values, traced into the kernel that holds the score element. Integer
 `//` and `%` round toward minus infinity, as torch's (the reference's): the DSL's `//` is
-already a floor division, its `%` keeps the dividend's sign and is corrected here."""
+already a floor division, its `%` keeps the dividend's sign and is corrected here.
+
+`apply_mods` runs a kernel's score_mod and mask_mod over one round's S accumulator: every
+element, every round (a mask_mod may drop any key), before the built-in mask."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
 
 from ...mods.graph import BOOL, COMPARISONS, FLOAT, INT, LEAVES
 
+# a captured tensor's dtype (`Capture.dtype`, torch's name) as the kernel reads it: a bool
+# tensor as its bytes (torch stores a bool in one; the launch passes a uint8 view), nonzero
+# being True
+DTYPES = {"float32": cutlass.Float32, "float16": cutlass.Float16, "bfloat16": cutlass.BFloat16,
+          "int32": cutlass.Int32, "int64": cutlass.Int64, "bool": cutlass.Uint8}
 _CAST = {FLOAT: cutlass.Float32, INT: cutlass.Int32, BOOL: cutlass.Boolean}
 
 
@@ -44,7 +54,8 @@ def emit(graph, leaves: dict, captured: tuple):
         elif node.op == "load":
             index = tuple(values[a] for a in node.args)
             tensor = captured[node.value.slot]
-            value = _CAST[node.kind](tensor[index] if index else tensor[0])
+            raw = tensor[index] if index else tensor[0]
+            value = raw != 0 if node.value.dtype == "bool" else _CAST[node.kind](raw)
         elif node.op == "where":
             c, a, b = (values[x] for x in node.args)
             value = cutlass.select_(c, _CAST[node.kind](a), _CAST[node.kind](b))
@@ -57,3 +68,48 @@ def emit(graph, leaves: dict, captured: tuple):
                 value = _CAST[node.kind](value)
         values[node] = value
     return values[graph.root]
+
+
+@dataclass(frozen=True)
+class ModArgs:
+    """What a tile's mods read besides the score: its batch entry, its (first) query head and
+    the captured tensors, the score_mod's slots first, then the mask_mod's."""
+
+    batch: object
+    head0: object
+    captures: tuple
+
+
+def reads_captures(graph) -> bool:
+    return graph is not None and any(n.op == "load" for n in graph.nodes())
+
+
+def apply_mods(acc_S_mn: cute.Tensor, coords, key0, rows, seqlen, at: ModArgs, score_mod,
+               mask_mod, pre_scale):
+    """S, in place, through score_mod (of S * pre_scale: the score FlexAttention's mods see,
+    softmax_scale applied) and mask_mod (-inf where it returns False). Element (r, c) is query
+    rows.query(coords.query0 + coords.row_offsets[r]) of head rows.head(head0, .) against key
+    key0 + coords.col_offsets[c] (`fwd.base.MaskCoords`); seqlen: the entry's lengths. Where a mod reads a captured tensor its indices are clamped into the
+    sequences, so that a row or key past the end (padding, masked after this) reads the
+    last one's entries rather than past the user's table. Traced inline (the loops unroll:
+    the offsets and graphs are compile-time values)."""
+    clamp = reads_captures(score_mod) or reads_captures(mask_mod)
+    n_score = len(score_mod.captures) if score_mod is not None else 0
+    captures = at.captures if at.captures is not None else ()
+    for r in range(len(coords.row_offsets)):
+        row = coords.query0 + coords.row_offsets[r]
+        q_idx = rows.query(row)
+        if clamp:
+            q_idx = cutlass.min(q_idx, seqlen.seqlen_q - 1)
+        head = rows.head(at.head0, row)
+        for c in range(len(coords.col_offsets)):
+            kv_idx = key0 + coords.col_offsets[c]
+            if clamp:
+                kv_idx = cutlass.min(kv_idx, seqlen.seqlen_k - 1)
+            leaves = dict(b=at.batch, h=head, q_idx=q_idx, kv_idx=kv_idx)
+            if score_mod is not None:
+                acc_S_mn[r, c] = emit(score_mod, dict(leaves, score=acc_S_mn[r, c] * pre_scale),
+                                      captures[:n_score])
+            if mask_mod is not None:
+                keep = emit(mask_mod, leaves, captures[n_score:])
+                acc_S_mn[r, c] = cutlass.select_(keep, acc_S_mn[r, c], -cutlass.Float32.inf)

@@ -8,6 +8,8 @@ and one round
     before_s                            variant: wait for K (and start V's load)
     S = Q K^T                           variant: gemm_s
     softcap (if the key has one)        mask.apply_softcap
+    score_mod, mask_mod (if the key     mods.apply_mods (every round)
+      has them)
     mask (first rounds; with a window   mask.apply_mask
       also the last ones)
     online softmax -> row scale; rescale O
@@ -30,7 +32,7 @@ import cutlass.cute as cute
 
 from ...layouts import mma as mma_mod
 from ...layouts._types import cutlass_dtype
-from ..common import epilogue, mask
+from ..common import epilogue, mask, mods
 from ..common.launch import occupancy_options
 from ..common.thread_mma import ThreadMma
 from ..sched.block_info import BlockInfo
@@ -79,8 +81,9 @@ class RoundContext:
     key blocks [n_block_min, n_block_max) it visits (with split-KV: its split's share of the
     n_block_total the query block sees), and the variant's load state (`loads`). With a
     sliding window: window_offset (the lower edge, `visibility.first_visible_key`) and
-    window_edge (key blocks starting below it need masking); with a softcap: softcap_scale
-    (softmax_scale / softcap, `mask.apply_softcap`)."""
+    window_edge (key blocks starting below it need masking); with a softcap or a score_mod:
+    pre_scale, what S is multiplied by first (softmax_scale / softcap, `mask.apply_softcap`;
+    softmax_scale, `mods.apply_mods`); with mods: what they read (`mods.ModArgs`)."""
 
     thr: ThreadMma
     mask_at: MaskCoords
@@ -92,7 +95,8 @@ class RoundContext:
     n_block_total: object = None
     window_offset: object = None
     window_edge: object = None
-    softcap_scale: object = None
+    pre_scale: object = None
+    mods: object = None
 
 
 class FlashFwdBase:
@@ -114,6 +118,8 @@ class FlashFwdBase:
         # score features (fields of every forward key): a window's lower edge, a softcap
         self.local = key.local
         self.softcap = key.softcap
+        self.score_mod, self.mask_mod = key.score_mod, key.mask_mod
+        self.has_mods = key.score_mod is not None or key.mask_mod is not None
         self.rows = QueryRows(self.group)
         self.scheduler = SingleTileScheduler(cfg.block_m, key.causal, self.group, self.split_kv,
                                              key.lpt)
@@ -245,10 +251,11 @@ class FlashFwdBase:
                               self.block_info.n_block_max(seqlen, tile.m_block, causal_offset))
 
     def _context(self, thr: ThreadMma, m_block, seqlen: SeqlenInfo, keys: KeyRange, loads,
-                 warp=None, softcap_scale=None) -> RoundContext:
+                 warp=None, pre_scale=None, tile=None, captures=None) -> RoundContext:
         """warp: where the warps split the keys, this thread's warp, whose rows start at row
         slab * 16 of the tile and whose keys at column group * warp_keys of every K/V tile
-        (`TileConfig.warp_place`)."""
+        (`TileConfig.warp_place`). tile, captures: the `WorkTile` and the captured tensors,
+        which a key with mods needs."""
         query0 = m_block * self.cfg.block_m + thr.row0
         col0 = thr.col0
         if warp is not None:
@@ -257,9 +264,10 @@ class FlashFwdBase:
         window_edge = None
         if cutlass.const_expr(self.local):
             window_edge = self.block_info.window_edge(m_block, keys.window_offset)
+        at = mods.ModArgs(tile.batch, tile.head, captures) if self.has_mods else None
         return RoundContext(thr, MaskCoords(thr.row_offsets, thr.col_offsets, query0, col0),
                             seqlen, keys.causal_offset, keys.n_block_max, loads, keys.n_block_min,
-                            keys.n_block_total, keys.window_offset, window_edge, softcap_scale)
+                            keys.n_block_total, keys.window_offset, window_edge, pre_scale, at)
 
     @cute.jit
     def run_rounds(self, ctx: RoundContext):
@@ -309,12 +317,16 @@ class FlashFwdBase:
 
     @cute.jit
     def _scores(self, ctx: RoundContext, acc_S, rowcol: cutlass.Constexpr, n_block, masked):
-        """One round's S, in place, into the softmax's weights: softcap, mask (where `masked`),
-        online softmax over the (row, col) view `rowcol(acc_S.layout)` of the accumulator;
-        returns the factors O's rows must be multiplied by."""
+        """One round's S, in place, into the softmax's weights: softcap, mods, mask (where
+        `masked`), online softmax over the (row, col) view `rowcol(acc_S.layout)` of the
+        accumulator; returns the factors O's rows must be multiplied by."""
         if cutlass.const_expr(self.softcap):
-            mask.apply_softcap(acc_S, ctx.softcap_scale)
+            mask.apply_softcap(acc_S, ctx.pre_scale)
         acc_S_mn = cute.make_tensor(acc_S.iterator, rowcol(acc_S.layout))
+        if cutlass.const_expr(self.has_mods):
+            mods.apply_mods(acc_S_mn, ctx.mask_at, n_block * self.cfg.block_n + ctx.mask_at.col0,
+                            self.rows, ctx.seqlen, ctx.mods, self.score_mod, self.mask_mod,
+                            ctx.pre_scale)
         if masked:
             at = ctx.mask_at
             mask.apply_mask(acc_S_mn, at.row_offsets, at.col_offsets, at.query0,

@@ -111,7 +111,8 @@ class FlashFwdSm80(FlashFwdBase):
                  write_lse: cutlass.Int32, window_left: Optional[cutlass.Int32],
                  window_right: Optional[cutlass.Int32], softcap: Optional[cutlass.Float32],
                  mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
-                 max_seqlen_q: Optional[cutlass.Int32], mSeqUsedK: Optional[cute.Tensor],
+                 max_seqlen_q: Optional[cutlass.Int32], captures: Optional[tuple],
+                 mSeqUsedK: Optional[cute.Tensor],
                  mPageTable: Optional[cute.Tensor], num_splits: Optional[cutlass.Int32],
                  mOMerged: Optional[cute.Tensor], mLSEMerged: Optional[cute.Tensor],
                  write_merged_lse: Optional[cutlass.Int32],
@@ -122,13 +123,14 @@ class FlashFwdSm80(FlashFwdBase):
         sQ_layout = smem.smem_layout_q(cfg)
         sKV_layout = smem.smem_layout_kv(cfg, self.kv_stages)
         SharedStorage = smem.shared_storage(cfg, self.kv_stages)
-        scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
+        scale_log2, pre_scale = score_scales(self.softcap, softmax_scale, softcap,
+                                             self.score_mod is not None)
         grid = self._grid(mQ, mCuSeqlensQ, max_seqlen_q, num_splits)
         self._launch(self.kernel(mQ, mK, mV, mO, mLSE, scale_log2, causal_offset,
                                  write_lse, sQ_layout, sKV_layout, SharedStorage, mSeqUsedK,
                                  mPageTable, num_splits, mCuSeqlensQ, mCuSeqlensK, window_left,
-                                 window_right, softcap_scale, mOMerged, mLSEMerged,
-                                 write_merged_lse, mSplitCounters),
+                                 window_right, pre_scale, mOMerged, mLSEMerged,
+                                 write_merged_lse, mSplitCounters, captures),
                      grid, SharedStorage, stream)
 
     @cute.kernel
@@ -139,10 +141,10 @@ class FlashFwdSm80(FlashFwdBase):
                mSeqUsedK: Optional[cute.Tensor], mPageTable: Optional[cute.Tensor],
                num_splits: Optional[cutlass.Int32], mCuSeqlensQ: Optional[cute.Tensor],
                mCuSeqlensK: Optional[cute.Tensor], window_left: Optional[cutlass.Int32],
-               window_right: Optional[cutlass.Int32], softcap_scale: Optional[cutlass.Float32],
+               window_right: Optional[cutlass.Int32], pre_scale: Optional[cutlass.Float32],
                mOMerged: Optional[cute.Tensor], mLSEMerged: Optional[cute.Tensor],
                write_merged_lse: Optional[cutlass.Int32],
-               mSplitCounters: Optional[cute.Tensor]):
+               mSplitCounters: Optional[cute.Tensor], captures: Optional[tuple]):
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
@@ -245,7 +247,7 @@ class FlashFwdSm80(FlashFwdBase):
                 if n_block_max - 1 - self.kv_stages >= n_block_min:
                     self._fetch_pages(loads, n_block_max - 1 - self.kv_stages)
 
-        ctx = self._context(thr, m_block, seqlen, keys, loads, warp, softcap_scale)
+        ctx = self._context(thr, m_block, seqlen, keys, loads, warp, pre_scale, tile, captures)
         self.run_rounds(ctx)
         scratch = None
         if cutlass.const_expr(cfg.warps_split_keys):

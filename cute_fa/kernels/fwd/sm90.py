@@ -86,7 +86,8 @@ class FlashFwdSm90(FlashFwdBase):
                  write_lse: cutlass.Int32, window_left: Optional[cutlass.Int32],
                  window_right: Optional[cutlass.Int32], softcap: Optional[cutlass.Float32],
                  mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
-                 max_seqlen_q: Optional[cutlass.Int32], mTileCounter: Optional[cute.Tensor],
+                 max_seqlen_q: Optional[cutlass.Int32], captures: Optional[tuple],
+                 mTileCounter: Optional[cute.Tensor],
                  stream):
         """The optional arguments are those the key asks for (`compile.registry`), None
         elsewhere."""
@@ -103,7 +104,8 @@ class FlashFwdSm90(FlashFwdBase):
         sKV_layout = tma.tma_smem_layout(cfg, "K", self.kv_stages)
         Storage = smem.shared_storage(cfg, self.kv_stages, self.bars.count,
                                       separate_o=bool(self.persistent))
-        scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
+        scale_log2, pre_scale = score_scales(self.softcap, softmax_scale, softcap,
+                                             self.score_mod is not None)
         if cutlass.const_expr(self.persistent):
             grid = self.tiles.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0])
         else:
@@ -113,7 +115,7 @@ class FlashFwdSm90(FlashFwdBase):
                                  write_lse,
                                  sQ_layout, sKV_layout, Storage, mCuSeqlensQ, mCuSeqlensK,
                                  window_left, window_right,
-                                 softcap_scale, mTileCounter),
+                                 pre_scale, mTileCounter, captures),
                      grid, Storage, stream, threads=self.roles.threads)
 
     @cute.kernel
@@ -125,23 +127,24 @@ class FlashFwdSm90(FlashFwdBase):
                sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
                Storage: cutlass.Constexpr, mCuSeqlensQ: Optional[cute.Tensor],
                mCuSeqlensK: Optional[cute.Tensor], window_left: Optional[cutlass.Int32],
-               window_right: Optional[cutlass.Int32], softcap_scale: Optional[cutlass.Float32],
-               mTileCounter: Optional[cute.Tensor]):
+               window_right: Optional[cutlass.Int32], pre_scale: Optional[cutlass.Float32],
+               mTileCounter: Optional[cute.Tensor], captures: Optional[tuple]):
         if cutlass.const_expr(self.persistent):
             self._persistent(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
                              tma_atom_O, tma_O, mLSE, scale_log2, causal_offset, write_lse,
                              sQ_layout, sKV_layout, Storage, window_left, window_right,
-                             softcap_scale, mTileCounter)
+                             pre_scale, mTileCounter, captures)
         else:
             self._single(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O,
                          tma_O, mO, mLSE, scale_log2, causal_offset, write_lse, sQ_layout,
                          sKV_layout, Storage, mCuSeqlensQ, mCuSeqlensK, window_left,
-                         window_right, softcap_scale)
+                         window_right, pre_scale, captures)
 
     @cute.jit
     def _single(self, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O,
                 tma_O, mO, mLSE, scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout,
-                Storage, mCuSeqlensQ, mCuSeqlensK, window_left, window_right, softcap_scale):
+                Storage, mCuSeqlensQ, mCuSeqlensK, window_left, window_right, pre_scale,
+                captures):
         """One CTA, one tile (`SingleTileScheduler`)."""
         cfg = self.cfg
         bars = self.bars
@@ -167,7 +170,7 @@ class FlashFwdSm90(FlashFwdBase):
             ctidx = tidx - wgmma.WARPGROUP_THREADS
             thr = thread_wgmma(cfg, ctidx, sQ, sK, wgmma.transposed(sV), scale_log2)
             ctx = self._context(thr, tile.m_block, seqlen, keys, None,
-                                softcap_scale=softcap_scale)
+                                pre_scale=pre_scale, tile=tile, captures=captures)
             # Q has landed before anyone reads it, and before the epilogue reuses its bytes
             # for O (a tile that visits no key block runs no round)
             cute.arch.mbarrier_wait(mbar + bars.q, 0)
@@ -204,7 +207,7 @@ class FlashFwdSm90(FlashFwdBase):
     @cute.jit
     def _persistent(self, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O,
                     tma_O, mLSE, scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout,
-                    Storage, window_left, window_right, softcap_scale, mTileCounter):
+                    Storage, window_left, window_right, pre_scale, mTileCounter, captures):
         """A persistent CTA (`PersistentTileScheduler`): its first tile is blockIdx.x, each
         next one blockIdx.x + k gridDim.x, or with `dynamic_tiles` the counter's next (the
         producer fetches it). The producer hands each tile's index to the consumers in sTile
@@ -251,7 +254,7 @@ class FlashFwdSm90(FlashFwdBase):
                 n_rounds = self._n_rounds(keys.n_block_max, keys.n_block_min)
                 thr = thread_wgmma(cfg, ctidx, sQ, sK, wgmma.transposed(sV), scale_log2)
                 ctx = self._context(thr, tile.m_block, seqlen, keys, None,
-                                    softcap_scale=softcap_scale)
+                                    pre_scale=pre_scale, tile=tile, captures=captures)
                 if n_rounds > 0:
                     self._mainloop(ctx, thr, mbar, n_rounds, ctidx, base=rounds)
                 self._release(mbar + bars.q_released)

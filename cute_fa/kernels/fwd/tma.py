@@ -102,7 +102,7 @@ class FlashFwdTma(FlashFwdBase):
                  write_lse: cutlass.Int32, window_left: Optional[cutlass.Int32],
                  window_right: Optional[cutlass.Int32], softcap: Optional[cutlass.Float32],
                  mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
-                 max_seqlen_q: Optional[cutlass.Int32], stream):
+                 max_seqlen_q: Optional[cutlass.Int32], captures: Optional[tuple], stream):
         """The optional arguments are those the key asks for (`compile.registry`), None
         elsewhere."""
         cfg = self.cfg
@@ -112,7 +112,8 @@ class FlashFwdTma(FlashFwdBase):
         sQ_layout = smem.smem_layout_q(cfg)
         sKV_layout = smem.smem_layout_kv(cfg, self.kv_stages)
         Storage = smem.shared_storage(cfg, self.kv_stages)
-        scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
+        scale_log2, pre_scale = score_scales(self.softcap, softmax_scale, softcap,
+                                             self.score_mod is not None)
         if cutlass.const_expr(self.persistent):
             grid = self.tiles.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0])
         else:
@@ -121,7 +122,7 @@ class FlashFwdTma(FlashFwdBase):
                                  mLSE, scale_log2, causal_offset, write_lse,
                                  sQ_layout, sKV_layout, Storage, mCuSeqlensQ, mCuSeqlensK,
                                  window_left, window_right,
-                                 softcap_scale),
+                                 pre_scale, captures),
                      grid, Storage, stream)
 
     @cute.kernel
@@ -132,20 +133,22 @@ class FlashFwdTma(FlashFwdBase):
                sQ_layout: cute.ComposedLayout, sKV_layout: cute.ComposedLayout,
                Storage: cutlass.Constexpr, mCuSeqlensQ: Optional[cute.Tensor],
                mCuSeqlensK: Optional[cute.Tensor], window_left: Optional[cutlass.Int32],
-               window_right: Optional[cutlass.Int32], softcap_scale: Optional[cutlass.Float32]):
+               window_right: Optional[cutlass.Int32], pre_scale: Optional[cutlass.Float32],
+               captures: Optional[tuple]):
         if cutlass.const_expr(self.persistent):
             self._persistent(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
                              scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout,
-                             Storage, window_left, window_right, softcap_scale)
+                             Storage, window_left, window_right, pre_scale, captures)
         else:
             self._single(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
                          scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout, Storage,
-                         mCuSeqlensQ, mCuSeqlensK, window_left, window_right, softcap_scale)
+                         mCuSeqlensQ, mCuSeqlensK, window_left, window_right, pre_scale,
+                         captures)
 
     @cute.jit
     def _single(self, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
                 scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout, Storage,
-                mCuSeqlensQ, mCuSeqlensK, window_left, window_right, softcap_scale):
+                mCuSeqlensQ, mCuSeqlensK, window_left, window_right, pre_scale, captures):
         """One CTA, one tile (`SingleTileScheduler`)."""
         cfg = self.cfg
         stages = self.kv_stages
@@ -200,14 +203,15 @@ class FlashFwdTma(FlashFwdBase):
         # buffer for O, so that no TMA write can land on top of O
         cute.arch.mbarrier_wait(bar_Q, 0)
 
-        ctx = self._context(thr, tile.m_block, seqlen, keys, loads, softcap_scale=softcap_scale)
+        ctx = self._context(thr, tile.m_block, seqlen, keys, loads, pre_scale=pre_scale,
+                            tile=tile, captures=captures)
         self.run_rounds(ctx)
         self.write_epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx)
 
     @cute.jit
     def _persistent(self, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
                     scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout, Storage,
-                    window_left, window_right, softcap_scale):
+                    window_left, window_right, pre_scale, captures):
         """A persistent CTA (`PersistentTileScheduler`): tiles blockIdx.x, blockIdx.x +
         gridDim.x, ... The ring's round count runs on across tiles, and a tile's refills past
         its own last round load the next tile's first key blocks into the stages it frees,
@@ -283,7 +287,7 @@ class FlashFwdTma(FlashFwdBase):
                              scale_log2, self.lazy_threshold)
             cute.arch.mbarrier_wait(bar_Q, done % 2)
             ctx = self._context(thr, tile.m_block, seqlen, keys, loads,
-                                softcap_scale=softcap_scale)
+                                pre_scale=pre_scale, tile=tile, captures=captures)
             self.run_rounds(ctx)
             self.write_epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx)
             # every thread's reads and writes of sQ (O, generic proxy) come before the next

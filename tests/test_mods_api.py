@@ -1,0 +1,175 @@
+"""score_mod / mask_mod at the public functions, on the CPU (the compiler and the launch stood
+in, `launch_recording`): the traced graphs become the planned kernel key's fields and the
+tensors they index its `captures` argument (the same tensors, in slot order, a 0-d one as one
+element, a bool one as its bytes) on every forward backend, decode and ragged calls too;
+equal graphs share a plan; and every refusal raises before any launch, naming what it
+refuses, with `out=` untouched."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cute_fa  # noqa: E402
+from launch_recording import launches  # noqa: E402,F401  (a fixture)
+from launch_recording import named_arguments  # noqa: E402
+
+from cute_fa.compile.registry import used_arguments  # noqa: E402
+
+SLOPES = torch.rand(8)
+DOCS = torch.randint(0, 3, (2, 300), dtype=torch.int32)
+SCALE = torch.tensor(0.5)
+BLOCKS = torch.rand(2, 5, 5) < 0.5
+
+
+def alibi(s, b, h, q, kv):
+    return s + SLOPES[h] * (kv - q)
+
+
+def document(b, h, q, kv):
+    return (DOCS[b, q] == DOCS[b, kv]) & (q >= kv)
+
+
+def qkv(b=2, sq=300, sk=300, hq=8, hk=2, d=64):
+    return (torch.randn(b, sq, hq, d, dtype=torch.bfloat16),
+            torch.randn(b, sk, hk, d, dtype=torch.bfloat16),
+            torch.randn(b, sk, hk, d, dtype=torch.bfloat16))
+
+
+def _only_launch(recorded):
+    (key, args), = recorded
+    for arg, used in zip(args, used_arguments(key)):
+        assert (arg is not None) == used, key
+    return key, named_arguments(key, args)
+
+
+@pytest.mark.parametrize("backend", ["sm80", "tma", "sm90"])
+def test_mods_reach_the_key_and_captures_the_launch(launches, backend):
+    recorded, _ = launches
+    cute_fa.forward(*qkv(), backend=backend, score_mod=alibi, mask_mod=document)
+    key, named = _only_launch(recorded)
+    assert key.backend == backend
+    assert key.score_mod.role == "score_mod" and key.mask_mod.role == "mask_mod"
+    assert [c.dtype for c in key.score_mod.captures] == ["float32"]
+    assert [c.dtype for c in key.mask_mod.captures] == ["int32"]
+    captures = named["captures"]
+    assert captures[0] is SLOPES and captures[1] is DOCS and len(captures) == 2
+
+
+def test_without_mods_no_captures_and_plain_key(launches):
+    recorded, _ = launches
+    cute_fa.forward(*qkv(), causal=True)
+    key, named = _only_launch(recorded)
+    assert key.score_mod is None and key.mask_mod is None and named["captures"] is None
+
+
+def test_a_mod_without_tensors_takes_no_captures(launches):
+    recorded, _ = launches
+    cute_fa.forward(*qkv(), mask_mod=lambda b, h, q, kv: q // 16 == kv // 16)
+    key, named = _only_launch(recorded)
+    assert key.mask_mod is not None and not key.has_captures and named["captures"] is None
+
+
+def test_scalar_and_bool_captures(launches):
+    recorded, _ = launches
+    cute_fa.forward(*qkv(), score_mod=lambda s, b, h, q, kv: SCALE * s,
+                    mask_mod=lambda b, h, q, kv: BLOCKS[b, q // 64, kv // 64])
+    _, named = _only_launch(recorded)
+    scale, blocks = named["captures"]
+    assert scale.shape == (1,) and scale.item() == SCALE.item()
+    assert blocks.dtype == torch.uint8 and torch.equal(blocks.bool(), BLOCKS)
+    assert blocks.data_ptr() == BLOCKS.data_ptr()  # a view, no copy
+
+
+def test_equal_graphs_share_the_plan_new_ones_do_not(launches):
+    recorded, _ = launches
+    q, k, v = qkv()
+    for slopes in (torch.rand(8), torch.rand(8)):
+        cute_fa.forward(q, k, v, score_mod=lambda s, b, h, qi, kv: s + slopes[h] * (kv - qi))
+    cute_fa.forward(q, k, v, score_mod=lambda s, b, h, qi, kv: s + SLOPES[h] * (qi - kv))
+    keys = [key for key, _ in recorded]
+    assert keys[0] == keys[1] and keys[2] != keys[0]
+    assert named_arguments(*recorded[0])["captures"][0] is not \
+        named_arguments(*recorded[1])["captures"][0]
+
+
+def test_decode_and_paged_calls_take_mods(launches):
+    recorded, _ = launches
+    q, k, v = qkv(sq=2, sk=1000)
+    cute_fa.forward(q, k, v, score_mod=alibi, num_splits=1)
+    table = torch.arange(2 * 8, dtype=torch.int32).view(2, 8)
+    cache = torch.randn(16, 128, 2, 64, dtype=torch.bfloat16)
+    cute_fa.forward(q, cache, cache, mask_mod=document, page_table=table, num_splits=1)
+    (dense, dense_args), (paged, paged_args) = recorded
+    assert dense.backend == "sm80" and dense.score_mod is not None
+    assert named_arguments(dense, dense_args)["captures"] == (SLOPES,)
+    assert paged.page_size == 128 and paged.mask_mod is not None
+    assert named_arguments(paged, paged_args)["captures"][0] is DOCS
+
+
+def test_varlen_and_sdpa_take_mods(launches):
+    recorded, _ = launches
+    q = torch.randn(100, 8, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 40, 100], dtype=torch.int32)
+    cute_fa.forward_varlen(q, q[:, :2], q[:, :2], cu, cu, 60, 60, score_mod=alibi)
+    qt = torch.randn(2, 8, 300, 64, dtype=torch.bfloat16)
+    cute_fa.sdpa(qt, qt, qt, mask_mod=document)
+    (ragged, _), (dense, _) = recorded
+    assert ragged.varlen_q and ragged.score_mod is not None
+    assert dense.mask_mod is not None
+
+
+def _refused(error, match, **kwargs):
+    q, k, v = qkv()
+    out = torch.full_like(q, 7.0)
+    with pytest.raises(error, match=match):
+        cute_fa.forward(q, k, v, out=out, **kwargs)
+    assert (out == 7.0).all()
+
+
+def test_refusals_before_any_launch(launches):
+    recorded, _ = launches
+    _refused(TypeError, r"score_mod: .*math\.", score_mod=lambda s, b, h, q, kv: math.sin(s))
+    _refused(TypeError, "mask_mod returns a bool|returning", mask_mod=lambda b, h, q, kv: q - kv)
+    _refused(TypeError, "score_mod must be a function", score_mod=3.0)
+    _refused(ValueError, "softcap and score_mod", score_mod=alibi, softcap=30.0)
+    far = torch.zeros(4, device="meta")
+    _refused(ValueError, "mask_mod indexes a tensor on meta",
+             mask_mod=lambda b, h, q, kv: far[h] > 0)
+    assert not recorded
+
+
+def test_refused_with_grad(launches):
+    recorded, _ = launches
+    q, k, v = (t.requires_grad_() for t in qkv())
+    with pytest.raises(ValueError, match="no backward yet"):
+        cute_fa.forward(q, k, v, mask_mod=document)
+    with torch.no_grad():
+        cute_fa.forward(q, k, v, mask_mod=document)
+    assert len(recorded) == 1
+
+
+def test_backward_keys_refuse_mods():
+    from cute_fa.compile.keys import BwdKey
+    from cute_fa.layouts.config import BwdTileConfig
+    from cute_fa.mods import trace_mask_mod
+
+    graph, _ = trace_mask_mod(document)
+    with pytest.raises(ValueError, match="backward kernels take no score_mod or mask_mod"):
+        BwdKey("sm_80", False, BwdTileConfig(head_dim=64), mask_mod=graph)
+
+
+def test_forward_key_checks_its_mods():
+    from cute_fa.mods import trace_mask_mod, trace_score_mod
+    from cute_fa.tuning import kernel_key
+
+    import dataclasses
+
+    key = kernel_key("sm_90a", "bfloat16", 64, False, "sm90")
+    mask, _ = trace_mask_mod(document)
+    score, _ = trace_score_mod(alibi)
+    with pytest.raises(TypeError, match="score_mod must be a traced score_mod"):
+        dataclasses.replace(key, score_mod=mask)
+    with pytest.raises(ValueError, match="softcap and a score_mod"):
+        dataclasses.replace(key, score_mod=score, softcap=True)

@@ -1,0 +1,208 @@
+"""cute_fa.forward with score_mod / mask_mod on a GPU, each backend: against the float64
+reference that evaluates the same Python functions densely (`cute_fa.mods.reference`), next to
+torch's FlexAttention run eagerly on the same inputs. For each case max|err| <= 2 *
+max|err_flex| + 1e-3, rows that see no key get o = 0 and lse = -inf, the LSE within 1e-3 of
+the reference's; outputs start poisoned (NaN). Then the compile cache across new captured
+values, the decode and ragged paths, sdpa's entry, and a mod equivalent to a built-in feature
+(causal, softcap) against that feature."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+import cute_fa  # noqa: E402
+from cute_fa.mods.reference import attention as reference  # noqa: E402
+
+BACKENDS = ["sm80", "tma", "sm90"]
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype)
+SHAPES = [(2, 300, 300, 4, 2, 64, torch.bfloat16), (1, 257, 513, 4, 4, 128, torch.bfloat16),
+          (1, 1000, 1000, 8, 2, 128, torch.float16), (1, 513, 200, 2, 1, 64, torch.float16)]
+
+
+def mods(batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> dict:
+    """name -> (score_mod, mask_mod): the attention-gym's examples, their tensors on the GPU."""
+    gen = torch.Generator().manual_seed(3)
+    n = max(seqlen_q, seqlen_k)
+    docs = torch.sort(torch.randint(0, 5, (batch, n), generator=gen), dim=1).values
+    docs = docs.to(torch.int32).cuda()
+    slopes = (torch.rand(heads, generator=gen) * 0.5).cuda()
+    rel = torch.randn(heads, seqlen_q + seqlen_k - 1, generator=gen).to(torch.bfloat16).cuda()
+    prefix = torch.randint(1, seqlen_k, (batch,), generator=gen).cuda()  # int64
+    blocks = (torch.rand(batch, heads, n // 64 + 1, n // 64 + 1, generator=gen) < 0.5).cuda()
+
+    def alibi(s, b, h, q, kv):
+        return s + slopes[h] * (kv - q)
+
+    def document(b, h, q, kv):
+        return (docs[b, q] == docs[b, kv]) & (q >= kv)
+
+    return {
+        "causal": (None, lambda b, h, q, kv: q >= kv),
+        "sliding_window": (None, lambda b, h, q, kv: (q >= kv) & (q - kv <= 100)),
+        "prefix_lm": (None, lambda b, h, q, kv: (kv < prefix[b]) | (q >= kv)),
+        "document": (None, document),
+        "random_blocks": (None, lambda b, h, q, kv: blocks[b, h, q // 64, kv // 64]),
+        "alibi": (alibi, None),
+        "softcap": (lambda s, b, h, q, kv: torch.tanh(s / 20.0) * 20.0, None),
+        "relative_bias": (lambda s, b, h, q, kv: s + rel[h, q - kv + seqlen_k - 1], None),
+        "alibi_document": (alibi, document),
+    }
+
+
+NAMES = list(mods(1, 1, 2, 2))
+
+
+def _rand(*shape, dtype, gen):
+    return torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)
+
+
+def flex_output(q, k, v, score_mod, mask_mod):
+    """torch's FlexAttention, eager (its unfused path), on the same inputs."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    block_mask = None
+    if mask_mod is not None:
+        block_mask = create_block_mask(mask_mod, q.shape[0], q.shape[2], q.shape[1],
+                                       k.shape[1], device="cuda")
+    o = flex_attention(qt, kt, vt, score_mod=score_mod, block_mask=block_mask,
+                       enable_gqa=q.shape[2] != k.shape[2])
+    return o.transpose(1, 2)
+
+
+def check(o, lse, q, k, v, score_mod, mask_mod, flex=True):
+    o_ref, lse_ref = reference(q, k, v, score_mod=score_mod, mask_mod=mask_mod)
+    empty = torch.isneginf(lse_ref)
+    assert not torch.isnan(o).any(), "NaN in the output (an unwritten, poisoned element)"
+    assert (o.transpose(1, 2)[empty] == 0).all(), "rows that see no key must be 0"
+    assert torch.isneginf(lse[empty]).all(), "rows that see no key must have LSE -inf"
+    err = (o.double() - o_ref).abs().max().item()
+    tol = 1e-2
+    if flex:
+        o_flex = flex_output(q, k, v, score_mod, mask_mod)
+        o_flex = torch.where(empty.transpose(1, 2)[..., None], 0, o_flex.double())
+        tol = 2 * (o_flex - o_ref).abs().max().item() + 1e-3
+    assert err <= tol, f"max err {err:.3g}, allowed {tol:.3g}"
+    seen = ~empty
+    if seen.any():
+        lse_err = (lse.double() - lse_ref)[seen].abs().max().item()
+        assert lse_err <= 1e-3 * max(1.0, lse_ref[seen].abs().max().item()), lse_err
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:6])))
+@pytest.mark.parametrize("name", NAMES)
+def test_mods_against_reference_and_flex(name, shape, backend):
+    b, sq, sk, hq, hk, d, dtype = shape
+    gen = torch.Generator(device="cuda").manual_seed(sq * 7 + d)
+    q, k, v = _rand(b, sq, hq, d, dtype=dtype, gen=gen), _rand(b, sk, hk, d, dtype=dtype,
+                                                                  gen=gen), \
+        _rand(b, sk, hk, d, dtype=dtype, gen=gen)
+    score_mod, mask_mod = mods(b, hq, sq, sk)[name]
+    out = torch.full_like(q, math.nan)
+    o, lse = cute_fa.forward(q, k, v, return_lse=True, out=out, backend=backend,
+                             score_mod=score_mod, mask_mod=mask_mod)
+    assert o.data_ptr() == out.data_ptr()
+    check(o, lse, q, k, v, score_mod, mask_mod)
+    again = cute_fa.forward(q, k, v, backend=backend, score_mod=score_mod, mask_mod=mask_mod)
+    assert torch.equal(again, o), "repeat runs must be bitwise identical"
+
+
+def test_new_captured_values_reuse_the_kernel():
+    """A new slopes tensor (same dtype and rank): the same compiled kernel, the new values."""
+    from cute_fa.compile import cache
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (_rand(1, 200, 4, 64, dtype=torch.bfloat16, gen=gen) for _ in range(3))
+    outs = []
+    for i in range(3):
+        slopes = torch.rand(4, device="cuda", generator=gen) * (i + 1)
+        score_mod = lambda s, b, h, qi, kv, slopes=slopes: s + slopes[h] * (kv - qi)  # noqa
+        before = len(cache.compiled_kernels)
+        outs.append(cute_fa.forward(q, k, v, return_lse=True, score_mod=score_mod))
+        if i:
+            assert len(cache.compiled_kernels) == before, "new captured values recompiled"
+        check(*outs[-1], q, k, v, score_mod, None, flex=False)
+    assert not torch.equal(outs[0][0], outs[1][0])
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_decode_with_mods(paged):
+    """Few queries against a long cache (the decode kernel, split-KV), dense and paged:
+    ALiBi and a document mask over the cache's positions."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    b, sq, sk, hq, hk, d = 2, 3, 1500, 8, 2, 128
+    q = _rand(b, sq, hq, d, dtype=torch.bfloat16, gen=gen)
+    k, v = (_rand(b, sk, hk, d, dtype=torch.bfloat16, gen=gen) for _ in range(2))
+    score_mod, mask_mod = mods(b, hq, sq, sk)["alibi_document"]
+    kwargs = {}
+    kc, vc = k, v
+    if paged:
+        page = 64
+        pages = sk // page + 1
+        perm = torch.randperm(b * pages, device="cuda", generator=gen)
+        kc = torch.randn(b * pages, page, hk, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn_like(kc)
+        table = perm.view(b, pages).to(torch.int32)
+        for i in range(b):
+            for p in range(pages):
+                rows = slice(p * page, min((p + 1) * page, sk))
+                n = rows.stop - rows.start
+                if n > 0:
+                    kc[table[i, p], :n] = k[i, rows]
+                    vc[table[i, p], :n] = v[i, rows]
+        kwargs = dict(page_table=table,
+                      seqused_k=torch.full((b,), sk, device="cuda", dtype=torch.int32))
+    o, lse = cute_fa.forward(q, kc, vc, return_lse=True, score_mod=score_mod,
+                             mask_mod=mask_mod, **kwargs)
+    check(o, lse, q, k, v, score_mod, mask_mod, flex=False)
+
+
+def test_varlen_with_mods():
+    """A ragged batch: b is the sequence, q_idx and kv_idx positions in it; each sequence
+    against the reference of its own dense call (b = its index in the batch)."""
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    lens_q, lens_k, h, d = [37, 300, 1], [50, 300, 129], 4, 64
+    slopes = torch.rand(h, device="cuda", generator=gen)
+    offset = torch.tensor([0, 5, 11], device="cuda")
+    score_mod = lambda s, b, hh, qi, kv: s + slopes[hh] * (kv - qi) + offset[b]  # noqa: E731
+    mask_mod = lambda b, hh, qi, kv: (kv <= qi + 40) & (kv % 7 != b)  # noqa: E731
+    q = _rand(sum(lens_q), h, d, dtype=torch.float16, gen=gen)
+    k, v = (_rand(sum(lens_k), h, d, dtype=torch.float16, gen=gen) for _ in range(2))
+    cu = [torch.tensor([0] + list(torch.tensor(n).cumsum(0)), device="cuda",
+                       dtype=torch.int32) for n in (lens_q, lens_k)]
+    o, lse = cute_fa.forward_varlen(q, k, v, cu[0], cu[1], max(lens_q), max(lens_k),
+                                    return_lse=True, score_mod=score_mod, mask_mod=mask_mod)
+    for i in range(3):
+        rq, rk = slice(cu[0][i], cu[0][i + 1]), slice(cu[1][i], cu[1][i + 1])
+        entry = lambda fn, i=i: (lambda *a: fn(*a[:-4], i, *a[-3:]))  # noqa: E731
+        check(o[rq][None], lse[:, rq][None], q[rq][None], k[rk][None], v[rk][None],
+              entry(score_mod), entry(mask_mod), flex=False)
+
+
+def test_sdpa_with_mods():
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    q, k, v = (_rand(2, 4, 333, 64, dtype=torch.bfloat16, gen=gen) for _ in range(3))
+    score_mod, mask_mod = mods(2, 4, 333, 333)["alibi_document"]
+    o = cute_fa.sdpa(q, k, v, score_mod=score_mod, mask_mod=mask_mod)
+    o_ref, _ = reference(*(t.transpose(1, 2) for t in (q, k, v)), score_mod=score_mod,
+                         mask_mod=mask_mod)
+    assert (o.transpose(1, 2).double() - o_ref).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mods_equal_to_builtins(backend):
+    """A causal mask_mod (with Sq = Sk) and a softcap score_mod give the built-in features'
+    outputs up to rounding (the mod computes tanh in full precision, the softcap fast)."""
+    gen = torch.Generator(device="cuda").manual_seed(19)
+    q, k, v = (_rand(1, 700, 4, 128, dtype=torch.bfloat16, gen=gen) for _ in range(3))
+    causal = cute_fa.forward(q, k, v, causal=True, backend=backend)
+    as_mod = cute_fa.forward(q, k, v, backend=backend, mask_mod=lambda b, h, qi, kv: qi >= kv)
+    assert (causal.float() - as_mod.float()).abs().max().item() < 1e-2
+    capped = cute_fa.forward(q, k, v, softcap=20.0, backend=backend)
+    as_mod = cute_fa.forward(q, k, v, backend=backend,
+                             score_mod=lambda s, b, h, qi, kv: torch.tanh(s / 20.0) * 20.0)
+    assert (capped.float() - as_mod.float()).abs().max().item() < 1e-2
