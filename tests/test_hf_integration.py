@@ -66,11 +66,11 @@ class FakeKernels:
 
     def forward(self, q, k, v, causal=False, softmax_scale=None, return_lse=False, out=None,
                 backend="auto", *, window_size=(-1, -1), softcap=0.0, seqused_k=None,
-                page_table=None, num_splits=None):
+                page_table=None, num_splits=None, sinks=None):
         check_kernel_layout(q, k, v)
         assert q.dim() == 4 and k.shape == v.shape and q.shape[2] % k.shape[2] == 0
         self.calls.append(dict(fn="forward", q=q, k=k, causal=causal, scale=softmax_scale,
-                               window=window_size, softcap=softcap))
+                               window=window_size, softcap=softcap, sinks=sinks))
         return batched_reference(q, k, v, causal, softmax_scale, window_size,
                                  softcap).to(q.dtype)
 
@@ -321,6 +321,16 @@ def test_smaller_value_head_dim_is_padded_and_cropped(kernels):
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
 
 
+def test_s_aux_becomes_sinks(kernels):
+    """gpt-oss's attention sinks (`s_aux`, a logit per query head) reach cute_fa as sinks."""
+    _, (q, k, v) = qkv()
+    sinks = torch.randn(4)
+    hf.cute_fa_attention(MODULE, q, k, v, None, s_aux=sinks)
+    assert kernels.calls[-1]["sinks"] is sinks
+    hf.cute_fa_attention(MODULE, q, k, v, None)
+    assert kernels.calls[-1]["sinks"] is None
+
+
 def test_refusals(kernels):
     _, (q, k, v) = qkv()
     with pytest.raises(ValueError, match="dropout=0.1"):
@@ -331,8 +341,6 @@ def test_refusals(kernels):
         hf.cute_fa_attention(MODULE, q, k, v, torch.zeros(2, 10))
     with pytest.raises(ValueError, match="output_attentions"):
         hf.cute_fa_attention(MODULE, q, k, v, None, output_attentions=True)
-    with pytest.raises(ValueError, match="s_aux"):
-        hf.cute_fa_attention(MODULE, q, k, v, None, s_aux=torch.zeros(4))
     _, (q12, k12, v12) = qkv(head_dim=12)
     with pytest.raises(ValueError, match="head_dim"):
         hf.cute_fa_attention(MODULE, q12, k12, v12, None)

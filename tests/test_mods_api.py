@@ -53,7 +53,7 @@ def test_mods_reach_the_key_and_captures_the_launch(launches, backend):
     assert key.score_mod.role == "score_mod" and key.mask_mod.role == "mask_mod"
     assert [c.dtype for c in key.score_mod.captures] == ["float32"]
     assert [c.dtype for c in key.mask_mod.captures] == ["int32"]
-    captures = named["captures"]
+    captures = named["score_tensors"]
     assert captures[0] is SLOPES and captures[1] is DOCS and len(captures) == 2
 
 
@@ -61,14 +61,14 @@ def test_without_mods_no_captures_and_plain_key(launches):
     recorded, _ = launches
     cute_fa.forward(*qkv(), causal=True)
     key, named = _only_launch(recorded)
-    assert key.score_mod is None and key.mask_mod is None and named["captures"] is None
+    assert key.score_mod is None and key.mask_mod is None and named["score_tensors"] is None
 
 
 def test_a_mod_without_tensors_takes_no_captures(launches):
     recorded, _ = launches
     cute_fa.forward(*qkv(), mask_mod=lambda b, h, q, kv: q // 16 == kv // 16)
     key, named = _only_launch(recorded)
-    assert key.mask_mod is not None and not key.has_captures and named["captures"] is None
+    assert key.mask_mod is not None and not key.has_score_tensors and named["score_tensors"] is None
 
 
 def test_scalar_and_bool_captures(launches):
@@ -76,7 +76,7 @@ def test_scalar_and_bool_captures(launches):
     cute_fa.forward(*qkv(), score_mod=lambda s, b, h, q, kv: SCALE * s,
                     mask_mod=lambda b, h, q, kv: BLOCKS[b, q // 64, kv // 64])
     _, named = _only_launch(recorded)
-    scale, blocks = named["captures"]
+    scale, blocks = named["score_tensors"]
     assert scale.shape == (1,) and scale.item() == SCALE.item()
     assert blocks.dtype == torch.uint8 and torch.equal(blocks.bool(), BLOCKS)
     assert blocks.data_ptr() == BLOCKS.data_ptr()  # a view, no copy
@@ -90,8 +90,8 @@ def test_equal_graphs_share_the_plan_new_ones_do_not(launches):
     cute_fa.forward(q, k, v, score_mod=lambda s, b, h, qi, kv: s + SLOPES[h] * (qi - kv))
     keys = [key for key, _ in recorded]
     assert keys[0] == keys[1] and keys[2] != keys[0]
-    assert named_arguments(*recorded[0])["captures"][0] is not \
-        named_arguments(*recorded[1])["captures"][0]
+    assert named_arguments(*recorded[0])["score_tensors"][0] is not \
+        named_arguments(*recorded[1])["score_tensors"][0]
 
 
 def test_decode_and_paged_calls_take_mods(launches):
@@ -103,9 +103,9 @@ def test_decode_and_paged_calls_take_mods(launches):
     cute_fa.forward(q, cache, cache, mask_mod=document, page_table=table, num_splits=1)
     (dense, dense_args), (paged, paged_args) = recorded
     assert dense.backend == "sm80" and dense.score_mod is not None
-    assert named_arguments(dense, dense_args)["captures"] == (SLOPES,)
+    assert named_arguments(dense, dense_args)["score_tensors"] == (SLOPES,)
     assert paged.page_size == 128 and paged.mask_mod is not None
-    assert named_arguments(paged, paged_args)["captures"][0] is DOCS
+    assert named_arguments(paged, paged_args)["score_tensors"][0] is DOCS
 
 
 def test_varlen_and_sdpa_take_mods(launches):
@@ -143,7 +143,7 @@ def test_refusals_before_any_launch(launches):
 def test_refused_with_grad(launches):
     recorded, _ = launches
     q, k, v = (t.requires_grad_() for t in qkv())
-    with pytest.raises(ValueError, match="no backward yet"):
+    with pytest.raises(ValueError, match="have no backward yet"):
         cute_fa.forward(q, k, v, mask_mod=document)
     with torch.no_grad():
         cute_fa.forward(q, k, v, mask_mod=document)
@@ -156,7 +156,7 @@ def test_backward_keys_refuse_mods():
     from cute_fa.mods import trace_mask_mod
 
     graph, _ = trace_mask_mod(document)
-    with pytest.raises(ValueError, match="backward kernels take no score_mod or mask_mod"):
+    with pytest.raises(ValueError, match="backward kernels take no score_mod, mask_mod or sinks"):
         BwdKey("sm_80", False, BwdTileConfig(head_dim=64), mask_mod=graph)
 
 
@@ -173,3 +173,32 @@ def test_forward_key_checks_its_mods():
         dataclasses.replace(key, score_mod=mask)
     with pytest.raises(ValueError, match="softcap and a score_mod"):
         dataclasses.replace(key, score_mod=score, softcap=True)
+
+
+@pytest.mark.parametrize("backend", ["sm80", "tma", "sm90"])
+def test_sinks_reach_the_key_and_the_launch(launches, backend):
+    """Sinks: a key field, and the last of the score tensors, float32 (from bf16 here), after
+    a mod's captured tensors."""
+    recorded, _ = launches
+    sinks = torch.randn(8, dtype=torch.bfloat16)
+    cute_fa.forward(*qkv(), backend=backend, sinks=sinks)
+    cute_fa.forward(*qkv(), backend=backend, sinks=sinks, score_mod=alibi)
+    (plain, plain_args), (modded, modded_args) = recorded
+    assert plain.sinks and plain.score_mod is None and modded.sinks
+    (got,) = named_arguments(plain, plain_args)["score_tensors"]
+    assert got.dtype == torch.float32 and torch.equal(got, sinks.float())
+    slopes, got = named_arguments(modded, modded_args)["score_tensors"]
+    assert slopes is SLOPES and torch.equal(got, sinks.float())
+
+
+def test_sinks_refusals(launches):
+    recorded, _ = launches
+    _refused(ValueError, r"sinks must be a float tensor of shape \(heads_q,\) = \(8,\)",
+             sinks=torch.zeros(4))
+    _refused(ValueError, "sinks must be a float tensor", sinks=torch.zeros(8, dtype=torch.int32))
+    _refused(TypeError, "sinks must be a tensor", sinks=[0.0] * 8)
+    _refused(ValueError, "sinks have no backward yet", sinks=torch.zeros(8, requires_grad=True))
+    assert not recorded
+    with torch.no_grad():
+        cute_fa.forward(*qkv(), sinks=torch.zeros(8, requires_grad=True))
+    assert len(recorded) == 1

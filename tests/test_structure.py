@@ -236,7 +236,7 @@ def test_build_refuses_another_backends_key():
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_kernel_takes_the_registered_arguments(name):
     """Each kernel's __call__ takes its backend's arguments in order (tensors, then
-    Float32/Int32 scalars, a mod's captured tensors as a tuple; Optional where a key field
+    Float32/Int32 scalars, the tensors the scores read as a tuple; Optional where a key field
     switches the argument on), then the stream: what compile.fake builds and runtime.launch's record for the family holds."""
     import cutlass
     import cutlass.cute as cute
@@ -251,7 +251,7 @@ def test_kernel_takes_the_registered_arguments(name):
     kinds = {"qkvo": cute.Tensor, "out": cute.Tensor, "lse": cute.Tensor, "accum3": cute.Tensor,
              "o_parts": cute.Tensor, "lse_parts": cute.Tensor, "int32_tensor3": cute.Tensor,
              "int32_vector": cute.Tensor, "int32_matrix": cute.Tensor,
-             "float32": cutlass.Float32, "int32": cutlass.Int32, "captures": tuple}
+             "float32": cutlass.Float32, "int32": cutlass.Int32, "score_tensors": tuple}
     for param, arg in zip(params, arguments):
         annotation = param.annotation
         if isinstance(annotation, str):  # from __future__ import annotations

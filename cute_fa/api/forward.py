@@ -17,7 +17,7 @@ import torch
 from ..runtime.call import DENSE, NO_WINDOW, RAGGED, AttentionCall
 from ..runtime.device import device
 from ..runtime.plan import plan
-from ..runtime.run import kernel_captures, run_forward, run_merge
+from ..runtime.run import run_forward, run_merge, score_tensors
 from . import autograd, ops
 from .mods import NONE, TracedMods, refuse_under_compile, refuse_without_backward, trace_mods, \
     with_mods
@@ -63,7 +63,7 @@ def _attend(call: AttentionCall, q, k, v, out, deterministic, original: tuple, *
         o, lse = run_forward(call, plan(call, device(call.device_index)), q, k, v, out,
                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                              seqused_k=seqused_k, page_table=page_table,
-                             captures=kernel_captures(mods.captures))
+                             score_tensors=score_tensors(mods.captures, mods.sinks))
     return (o, lse) if call.return_lse else o
 
 
@@ -104,8 +104,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ..
             window_size: tuple[int, int] = ..., softcap: float = ...,
             seqused_k: torch.Tensor | None = ..., page_table: torch.Tensor | None = ...,
             num_splits: int | None = ..., deterministic: bool | None = ...,
-            score_mod: Callable | None = ..., mask_mod: Callable | None = ...
-            ) -> torch.Tensor: ...
+            score_mod: Callable | None = ..., mask_mod: Callable | None = ...,
+            sinks: torch.Tensor | None = ...) -> torch.Tensor: ...
 
 
 @overload
@@ -115,8 +115,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ..
             window_size: tuple[int, int] = ..., softcap: float = ...,
             seqused_k: torch.Tensor | None = ..., page_table: torch.Tensor | None = ...,
             num_splits: int | None = ..., deterministic: bool | None = ...,
-            score_mod: Callable | None = ..., mask_mod: Callable | None = ...
-            ) -> tuple[torch.Tensor, torch.Tensor]: ...
+            score_mod: Callable | None = ..., mask_mod: Callable | None = ...,
+            sinks: torch.Tensor | None = ...) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -126,6 +126,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
             seqused_k: torch.Tensor | None = None, page_table: torch.Tensor | None = None,
             num_splits: int | None = None, deterministic: bool | None = None,
             score_mod: Callable | None = None, mask_mod: Callable | None = None,
+            sinks: torch.Tensor | None = None,
             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward in flash-attn's layout, differentiable.
 
@@ -171,6 +172,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     functions (microseconds); a new function compiles its kernel once, new values in its
     tensors never recompile. Not with softcap (write it into the score_mod), autograd or
     torch.compile yet.
+    sinks: float (heads_q,), one logit per query head (gpt-oss's attention sinks, HF's
+    s_aux): each row's softmax has one more term, exp(sinks[h]), of a key with value 0, so
+    the weights of the real keys sum to less than one; lse includes it. Not with autograd yet.
 
     Gradients: where q, k or v require grad, the output's grad_fn runs cute_fa's backward
     kernels (`cute_fa.backward`); lse is returned as a non-differentiable output. deterministic:
@@ -184,7 +188,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     call = None
     if seqused_k is None and page_table is None and num_splits is None and softcap == 0.0 \
             and type(window_size) is tuple and window_size == NO_WINDOW \
-            and score_mod is None and mask_mod is None \
+            and score_mod is None and mask_mod is None and sinks is None \
             and not torch.compiler.is_compiling():  # (it reads addresses, which traces lack)
         call = plain_call(q, k, v, out, softmax_scale, causal, return_lse, backend)
     mods = NONE
@@ -193,7 +197,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
                              causal=causal, return_lse=return_lse, backend=backend,
                              window_size=window_size, softcap=softcap, seqused_k=seqused_k,
                              page_table=page_table, num_splits=num_splits)
-        mods = trace_mods(score_mod, mask_mod, q, softcap)
+        mods = trace_mods(score_mod, mask_mod, q, softcap, sinks, call.heads_q)
         call = with_mods(call, mods)
     return _attend(call, q, k, v, out, deterministic, (causal, window_size, softcap, True),
                    seqused_k=seqused_k, page_table=page_table, mods=mods)
@@ -202,11 +206,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
          scale: float | None = None, backend: Backend = "auto", *,
          deterministic: bool | None = None, score_mod: Callable | None = None,
-         mask_mod: Callable | None = None) -> torch.Tensor:
+         mask_mod: Callable | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Like torch.nn.functional.scaled_dot_product_attention on (batch, heads, seqlen, head_dim).
 
     Top-left causal, as torch does; same kernel as `forward`, reached through strides, and
-    differentiable as `forward` is. score_mod, mask_mod: `forward`'s.
+    differentiable as `forward` is. score_mod, mask_mod, sinks: `forward`'s.
     """
     if deterministic is not None:
         as_bool("deterministic", deterministic)
@@ -215,7 +219,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = Fa
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     call = check_forward(DENSE, qt, kt, vt, softmax_scale=scale, causal=is_causal,
                          backend=backend, bottom_right=False, names=SDPA_NAMES)
-    mods = trace_mods(score_mod, mask_mod, q)
+    mods = trace_mods(score_mod, mask_mod, q, sinks=sinks, heads_q=call.heads_q)
     call = with_mods(call, mods)
     out = None
     if not tracing(q) and not requires_grad(q, k, v):
@@ -234,7 +238,8 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    seqused_k: torch.Tensor | None = ...,
                    page_table: torch.Tensor | None = ...,
                    deterministic: bool | None = ..., score_mod: Callable | None = ...,
-                   mask_mod: Callable | None = ...) -> torch.Tensor: ...
+                   mask_mod: Callable | None = ..., sinks: torch.Tensor | None = ...
+                   ) -> torch.Tensor: ...
 
 
 @overload
@@ -247,7 +252,8 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    seqused_k: torch.Tensor | None = ...,
                    page_table: torch.Tensor | None = ...,
                    deterministic: bool | None = ..., score_mod: Callable | None = ...,
-                   mask_mod: Callable | None = ...) -> tuple[torch.Tensor, torch.Tensor]:
+                   mask_mod: Callable | None = ..., sinks: torch.Tensor | None = ...
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     ...
 
 
@@ -260,6 +266,7 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    seqused_k: torch.Tensor | None = None,
                    page_table: torch.Tensor | None = None, deterministic: bool | None = None,
                    score_mod: Callable | None = None, mask_mod: Callable | None = None,
+                   sinks: torch.Tensor | None = None,
                    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward over a ragged batch packed end to end (flash-attn's
     `flash_attn_varlen_func`), in one launch, with no host sync and no copy; differentiable
@@ -288,7 +295,8 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     checks them). The TMA kernel reads a sequence's last K/V tile whole, into the next
     sequence's rows (or past cu_seqlens_k[-1]): those keys weigh exactly zero, but rows of k and
     v below total_k must hold finite values (0 x NaN is NaN).
-    score_mod, mask_mod: `forward`'s, b being the sequence and q_idx, kv_idx positions in it.
+    score_mod, mask_mod: `forward`'s, b being the sequence and q_idx, kv_idx positions in it;
+    sinks: `forward`'s.
     """
     if deterministic is not None:
         as_bool("deterministic", deterministic)
@@ -297,7 +305,7 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          softcap=softcap, seqused_k=seqused_k, page_table=page_table,
                          cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    mods = trace_mods(score_mod, mask_mod, q, softcap)
+    mods = trace_mods(score_mod, mask_mod, q, softcap, sinks, call.heads_q)
     call = with_mods(call, mods)
     return _attend(call, q, k, v, out, deterministic, (causal, window_size, softcap, True),
                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,

@@ -55,18 +55,21 @@ def fake_arguments(key: KernelKey) -> tuple:
         return make_fake_tensor(cutlass.Float32, tuple(cute.sym_int() for _ in range(3)),
                                 stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=16)
 
-    def captures():
+    def score_tensors():
         """The mods' captured tensors, in slot order: any extents and strides (a table may
-        be a broadcast view), element-aligned (a 0-d capture travels as one element)."""
+        be a broadcast view), element-aligned (a 0-d capture travels as one element); then
+        the sink logits, float32 (heads_q,)."""
         from ..kernels.common.mods import DTYPES
 
         graphs = [g for g in (key.score_mod, key.mask_mod) if g is not None]
         return tuple(make_fake_tensor(
             DTYPES[c.dtype], tuple(cute.sym_int() for _ in range(max(c.ndim, 1))),
             stride=tuple(cute.sym_int64() for _ in range(max(c.ndim, 1))),
-            assumed_align=max(DTYPES[c.dtype].width // 8, 1)) for g in graphs for c in g.captures)
+            assumed_align=max(DTYPES[c.dtype].width // 8, 1)) for g in graphs for c in g.captures
+        ) + ((make_fake_tensor(cutlass.Float32, (cute.sym_int(),), stride=(1,),
+                               assumed_align=4),) if key.sinks else ())
 
-    make = {"qkvo": qkvo, "captures": captures, "accum3": accum3, "int32_tensor3": int32_tensor3,
+    make = {"qkvo": qkvo, "score_tensors": score_tensors, "accum3": accum3, "int32_tensor3": int32_tensor3,
             "out": lambda: qkvo(out_dtype), "lse": lse,
             "o_parts": lambda: qkvo(dtype, 5), "lse_parts": lse_parts,
             "int32_vector": int32_vector, "int32_matrix": int32_matrix,

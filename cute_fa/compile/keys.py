@@ -25,8 +25,10 @@ class KernelKey:
     ragged batches packed end to end, entry b's rows starting at cu_seqlens[b]; lpt: causal
     query blocks start longest first across heads (`kernels.sched.tile_scheduler.SingleTileScheduler`).
     score_mod / mask_mod: a traced mod (`cute_fa.mods.ModGraph`, equal for equal graphs
-    whatever the captured tensors hold) run on every score (`kernels/common/mods.py`); its
-    captured tensors are the kernel's `captures` argument."""
+    whatever the captured tensors hold) run on every score (`kernels/common/mods.py`); sinks:
+    one more logit per query head in every row's softmax, of a key with value 0 (gpt-oss's
+    attention sinks). The mods' captured tensors and the sink logits are the kernel's
+    `score_tensors` argument."""
 
     arch: str
     causal: bool
@@ -39,12 +41,15 @@ class KernelKey:
     varlen_k: bool = False
     score_mod: object = None
     mask_mod: object = None
+    sinks: bool = False
     backend: ClassVar[str] = ""
 
     @property
-    def has_captures(self) -> bool:
-        """Whether the key's mods index captured tensors (the `captures` argument)."""
-        return any(g is not None and g.captures for g in (self.score_mod, self.mask_mod))
+    def has_score_tensors(self) -> bool:
+        """Whether the kernel reads tensors for its scores (the `score_tensors` argument): its
+        mods' captured tensors, its sink logits."""
+        return self.sinks or any(g is not None and g.captures
+                                 for g in (self.score_mod, self.mask_mod))
 
     def _check_mods(self) -> None:
         for name in ("score_mod", "mask_mod"):
@@ -200,8 +205,8 @@ class MergeKey:
 def _check_backward_key(key: KernelKey, tile_type: type) -> None:
     """What every backward main kernel's key must hold: a tile of its kernel's type, no lpt
     (the backward's CTAs own key blocks) and no mods (the backward does not run them)."""
-    if key.score_mod is not None or key.mask_mod is not None:
-        raise ValueError("the backward kernels take no score_mod or mask_mod")
+    if key.score_mod is not None or key.mask_mod is not None or key.sinks:
+        raise ValueError("the backward kernels take no score_mod, mask_mod or sinks")
     if not isinstance(key.tile, tile_type):
         raise TypeError(f"tile must be a {tile_type.__name__}, got {type(key.tile).__name__}")
     if key.lpt:

@@ -43,7 +43,8 @@ def _args(*specs) -> tuple:
 # split-KV partials; "lse": float32 (batch, heads, seqlen), ragged (1, heads, total); then
 # scalars. The window's sides come with a sliding window (`local`), the softcap with a softcap,
 # the ragged batch's cu_seqlens int32 (batch + 1,) and longest query with a ragged batch, the
-# tensors a key's mods capture ("captures": a tuple, any strides, `KernelKey.has_captures`),
+# tensors a key's scores read ("score_tensors": a tuple of its mods' captured tensors, any
+# strides, then the float32 sink logits (heads_q,), `KernelKey.has_score_tensors`),
 # and the cp.async kernel's decode arguments (seqused_k int32 (batch,), page_table int32
 # (batch, pages per sequence), the split count; with fused_merge the call's own O and LSE,
 # whether to write that LSE, and int32 counters, one per query block) with their key fields.
@@ -56,7 +57,7 @@ _FORWARD = (("q", "qkvo"), ("k", "qkvo"), ("v", "qkvo"), ("out", "out"), ("lse",
             ("cu_seqlens_q", "int32_vector", ("varlen_q",)),
             ("cu_seqlens_k", "int32_vector", ("varlen_k",)),
             ("max_seqlen_q", "int32", ("varlen_q",)),
-            ("captures", "captures", ("has_captures",)))
+            ("score_tensors", "score_tensors", ("has_score_tensors",)))
 FORWARD_ARGUMENTS = _args(*_FORWARD)
 # the wgmma kernel's, then a persistent grid's shared tile counter (int32 (1,)) where its
 # CTAs take tiles as they finish (`Sm90Key.dynamic_tiles`)

@@ -30,12 +30,14 @@ The mapping follows transformers' flash_attention_2 path (modeling_flash_attenti
   changes nothing, bidirectional layers get the symmetric window).
 - `softcap` -> softcap (c * tanh(scores * scale / c)), `scaling` -> softmax_scale,
   `is_causal` kwarg, else `module.is_causal`, else True.
+- `s_aux` (gpt-oss's attention sinks, a logit per query head) -> sinks; without a backward
+  yet, so a model whose sinks require grad raises under grad mode (eval and no_grad run).
 - A value head_dim smaller than the query's (MLA) is zero-padded and the output cropped,
   as flash_attention_2 does.
 
 Kwargs read: scaling, dropout, sliding_window, softcap, is_causal, cu_seq_lens_q/k,
-max_length_q/k, position_ids, output_attentions. Refused when set (they add to the scores):
-`s_aux` (attention sinks), `position_bias`, `head_mask`. Every other kwarg is ignored:
+max_length_q/k, position_ids, output_attentions, s_aux. Refused when set (they add to the
+scores): `position_bias`, `head_mask`. Every other kwarg is ignored:
 models pass many that do not change attention (position_embeddings, cache_position,
 use_cache, layer_idx, output_hidden_states, indices, ...), so refusing unknown names would
 break models.
@@ -74,7 +76,7 @@ from ..layouts.config import check_head_dim
 NAME = "cute_fa"
 
 # kwargs that add to or replace the attention scores: cute_fa cannot honour them
-_SCORE_KWARGS = ("s_aux", "position_bias", "head_mask")
+_SCORE_KWARGS = ("position_bias", "head_mask")
 
 
 def register() -> None:
@@ -250,6 +252,8 @@ def cute_fa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         flash_kwargs["window_size"] = (sliding_window - 1, sliding_window - 1)
     if softcap:
         flash_kwargs["softcap"] = float(softcap)
+    if kwargs.get("s_aux") is not None:
+        flash_kwargs["sinks"] = kwargs["s_aux"]
 
     head_dim, v_head_dim = query.shape[-1], value.shape[-1]
     if v_head_dim != head_dim:

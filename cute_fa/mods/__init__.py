@@ -3,9 +3,9 @@ traced into an expression graph (`trace`, `graph`), evaluated densely (`dense`),
 float64 attention with mods that kernels will be checked against (`reference`); block masks
 (`block_mask`: which key blocks each query block visits whole, in part or not at all, torch's
 `BlockMask` layout, convertible both ways). The graph is
-torch-free data, which the kernels' device code reads (`kernels/common/mods.py`); the tracer
-and the evaluation need torch and load on first use. No attention kernel or public function
-takes a mod yet."""
+torch-free data, which the kernels' device code reads (`kernels/common/mods.py`; the public
+functions take `score_mod=` / `mask_mod=`, `api/mods.py`); the tracer and the evaluation need
+torch and load on first use."""
 
 from .graph import Capture, ModGraph, Node
 

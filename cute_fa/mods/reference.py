@@ -14,13 +14,16 @@ from .trace import trace_mask_mod, trace_score_mod
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, score_mod=None,
-              mask_mod=None, block_mask=None, scale: float | None = None) -> tuple:
+              mask_mod=None, block_mask=None, scale: float | None = None,
+              sinks: torch.Tensor | None = None) -> tuple:
     """(o, lse) in float64 for q (batch, seqlen_q, heads_q, d), k and v (batch, seqlen_k,
     heads_kv, d) with heads_q a multiple of heads_kv (GQA: query head h reads K/V head
     h // (heads_q // heads_kv)); o as q, lse (batch, heads_q, seqlen_q) in natural log. The
     mods are traced (`trace.py`) and evaluated densely (`dense.py`). block_mask
     (`block_mask.BlockMask`), as FlexAttention's: its full blocks are seen whole, its partial
-    ones through its own mask_mod, the rest not at all (then mask_mod must be None)."""
+    ones through its own mask_mod, the rest not at all (then mask_mod must be None). sinks
+    (heads_q,): a logit per query head, one more term of every row's softmax, of a key with
+    value 0 (gpt-oss's attention sinks)."""
     if block_mask is not None and mask_mod is not None:
         raise ValueError("pass the mask as mask_mod or in block_mask (its mask_mod), not both")
     batch, seqlen_q, heads_q, head_dim = q.shape
@@ -41,6 +44,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, score_mod=No
     if block_mask is not None:
         s = torch.where(block_mask.dense().to(device), s, -math.inf)
     lse = torch.logsumexp(s, dim=-1)
+    if sinks is not None:
+        sink = sinks.detach().to(device, torch.float64)[None, :, None].expand_as(lse)
+        lse = torch.logaddexp(lse, sink)
     empty = torch.isneginf(lse)
     p = torch.exp(s - torch.where(empty, 0.0, lse)[..., None])
     o = torch.einsum("bhqk,bhkd->bhqd", p, vd).masked_fill(empty[..., None], 0.0)

@@ -19,9 +19,10 @@ DENSE, RAGGED = "dense", "ragged"
 class ScoreFeatures(NamedTuple):
     """What a call asks of the scores besides the scale: causal (an upper edge, moved right by
     window_right), a sliding window's lower edge (local, window_left keys left of the
-    diagonal), a softcap (0: none) and traced mods (`cute_fa.mods.ModGraph`, None: none).
-    `causal`, `local` and the mods are kernel key fields; the rest are kernel arguments (the
-    mods' captured tensors too)."""
+    diagonal), a softcap (0: none), traced mods (`cute_fa.mods.ModGraph`, None: none) and
+    attention sinks (a logit per query head). `causal`, `local`, the mods and `sinks` are
+    kernel key fields; the rest are kernel arguments (the mods' captured tensors and the sink
+    logits too)."""
 
     causal: bool
     local: bool = False
@@ -30,6 +31,7 @@ class ScoreFeatures(NamedTuple):
     softcap: float = 0.0
     score_mod: object = None
     mask_mod: object = None
+    sinks: bool = False
 
 
 PLAIN = {False: ScoreFeatures(False), True: ScoreFeatures(True)}

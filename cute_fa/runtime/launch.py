@@ -27,7 +27,7 @@ class ForwardArgs(NamedTuple):
     cu_seqlens_q: object = None
     cu_seqlens_k: object = None
     max_seqlen_q: int | None = None
-    captures: tuple | None = None
+    score_tensors: tuple | None = None
     seqused_k: object = None
     page_table: object = None
     num_splits: int | None = None

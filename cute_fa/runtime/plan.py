@@ -181,10 +181,11 @@ def _changed(key, changes: tuple):
 
 
 def _with_mods(key, f: ScoreFeatures):
-    """`key` running the call's traced mods (the tile planned for the call without them)."""
-    if f.score_mod is None and f.mask_mod is None:
+    """`key` running the call's traced mods and sinks (on the tile planned for the call
+    without them)."""
+    if f.score_mod is None and f.mask_mod is None and not f.sinks:
         return key
-    return dataclasses.replace(key, score_mod=f.score_mod, mask_mod=f.mask_mod)
+    return dataclasses.replace(key, score_mod=f.score_mod, mask_mod=f.mask_mod, sinks=f.sinks)
 
 
 def _forward(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
@@ -204,8 +205,8 @@ def _forward(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
     pack = 1 if persist or call.layout == RAGGED else sm90_pack_gqa(
         call.head_dim, f.causal, call.seqlen_q, call.heads_q, call.heads_kv)
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
-             f.softcap > 0, f.score_mod, f.mask_mod, call.layout, call.backend, small, long,
-             persist, pack, over, compile)
+             f.softcap > 0, f.score_mod, f.mask_mod, f.sinks, call.layout, call.backend, small,
+             long, persist, pack, over, compile)
     found = _FORWARD.get(route)
     if found is None:
         key = kernel_key(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
@@ -230,7 +231,7 @@ def _decode(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
     # what decode_key reads of seqlen_q: whether the call is short, and which decode tile its
     # packed rows take
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
-             f.softcap > 0, f.score_mod, f.mask_mod, ragged_q, call.ragged_k,
+             f.softcap > 0, f.score_mod, f.mask_mod, f.sinks, ragged_q, call.ragged_k,
              call.seqlen_q <= DECODE_MAX_SEQLEN_Q,
              decode_rows_class(call.head_dim, call.seqlen_q * group), group, call.page_size,
              call.seqused_k, over, compile)

@@ -31,23 +31,26 @@ def _plain(t):
     return t.detach() if t.requires_grad else t
 
 
-def kernel_captures(tensors) -> tuple | None:
-    """A call's captured tensors as its kernel takes them (`compile.fake`'s "captures"): each
-    detached, a 0-d one as one element, a bool one as its bytes; None where there are none."""
-    if not tensors:
-        return None
-    tensors = (_plain(t).reshape(1) if t.dim() == 0 else _plain(t) for t in tensors)
-    return tuple(t.view(torch.uint8) if t.dtype == torch.bool else t for t in tensors)
+def score_tensors(captures: tuple, sinks=None) -> tuple | None:
+    """The tensors a call's scores read, as its kernel takes them (`compile.fake`'s
+    "score_tensors"): its mods' captured tensors, each detached, a 0-d one as one element, a
+    bool one as its bytes; then the sink logits (float32, checked); None where there are
+    none."""
+    tensors = tuple(_plain(t).reshape(1) if t.dim() == 0 else _plain(t) for t in captures)
+    tensors = tuple(t.view(torch.uint8) if t.dtype == torch.bool else t for t in tensors)
+    if sinks is not None:
+        tensors += (_plain(sinks),)
+    return tensors or None
 
 
 def run_forward(call: AttentionCall, plan: ForwardPlan, q, k, v, out=None, *, cu_seqlens_q=None,
                 cu_seqlens_k=None, seqused_k=None, page_table=None,
-                return_lse: bool | None = None, captures: tuple | None = None) -> tuple:
+                return_lse: bool | None = None, score_tensors: tuple | None = None) -> tuple:
     """(out, lse): lse None unless call.return_lse (or return_lse, where given: autograd keeps
     it for the backward). Dense: q, out (batch, seqlen_q, heads_q, head_dim); ragged:
     (total_q, heads_q, head_dim), lse (heads_q, total_q); k and v a paged cache (pages,
-    page_size, heads_kv, head_dim) where a page_table is given. captures: the tensors the
-    call's mods index, in slot order (`kernel_captures`)."""
+    page_size, heads_kv, head_dim) where a page_table is given. score_tensors: the tensors
+    the call's scores read (`score_tensors`)."""
     if out is None:
         out = torch.empty_like(q)  # q's memory order where q is dense, else contiguous
     if return_lse is None:
@@ -73,7 +76,7 @@ def run_forward(call: AttentionCall, plan: ForwardPlan, q, k, v, out=None, *, cu
     if plan.num_splits == 1:
         args = ForwardArgs(q, k, v, out4, lse4, call.softmax_scale, call.causal_offset,
                            int(return_lse), f.window_left, f.window_right, f.softcap,
-                           cu_seqlens_q, cu_seqlens_k, call.seqlen_q, captures,
+                           cu_seqlens_q, cu_seqlens_k, call.seqlen_q, score_tensors,
                            seqused_k=seqused_k, page_table=page_table)
         if plan.key.backend == "sm90":
             args = Sm90Args(*args[:15], tile_counter=tile_counter(call.device_index)
@@ -90,7 +93,7 @@ def run_forward(call: AttentionCall, plan: ForwardPlan, q, k, v, out=None, *, cu
     args = ForwardArgs(q, k, v, o_parts.view(splits * batch, seqlen_q, heads, head_dim),
                        lse_parts.view(splits * batch, heads, seqlen_q), call.softmax_scale,
                        call.causal_offset, 1, f.window_left, f.window_right, f.softcap,
-                       cu_seqlens_q, cu_seqlens_k, call.seqlen_q, captures,
+                       cu_seqlens_q, cu_seqlens_k, call.seqlen_q, score_tensors,
                        seqused_k=seqused_k, page_table=page_table, num_splits=splits)
     if plan.key.fused_merge:  # one launch: each query block's last CTA merges (a counter each)
         blocks = unsplit_grid(call, plan.key)[0]

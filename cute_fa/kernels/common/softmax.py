@@ -117,6 +117,24 @@ class OnlineSoftmax:
             for r in cutlass.range_constexpr(cute.size(self.row_max)):
                 acc_O_mn[r, None] = acc_O_mn[r, None].load() * scale.alphas[r]
 
+    @cute.jit
+    def absorb_sink(self, acc_O_mn: cute.Tensor, sink_log2: tuple, share):
+        """One more key per row r, of logit sink_log2[r] (log2 units: the softmax's scale
+        applied) and value 0: an attention sink (gpt-oss), which only adds to the softmax's
+        denominator. As a round of `step`: the row's max moves up to the sink where it is
+        larger, O and the sum rescale, and the thread adds `share` of the sink's weight (the
+        lanes and warps that hold parts of one row add up to one share; 0 where the sink
+        counts elsewhere, a split-KV call's other splits). A row that saw no key keeps O = 0
+        and gets LSE = the sink's logit (or -inf with share 0)."""
+        for r in cutlass.range_constexpr(cute.size(self.row_max)):
+            m_prev = self.row_max[r] * self.scale_log2
+            m_new = cute.arch.fmax(m_prev, sink_log2[r])
+            alpha = cute.math.exp2(m_prev - m_new, fastmath=True)
+            self.row_sum[r] = self.row_sum[r] * alpha + share * cute.math.exp2(
+                sink_log2[r] - m_new, fastmath=True)
+            acc_O_mn[r, None] = acc_O_mn[r, None].load() * alpha
+            self.row_max[r] = m_new / self.scale_log2
+
     def quad_total(self, r):
         """Row r's sum over every key this warp saw: the thread's partial sum, all-reduced
         across the lanes that share the row."""

@@ -34,6 +34,7 @@ from ...layouts import mma as mma_mod
 from ...layouts._types import cutlass_dtype
 from ..common import epilogue, mask, mods
 from ..common.launch import occupancy_options
+from ..common.softmax import LOG2_E
 from ..common.thread_mma import ThreadMma
 from ..sched.block_info import BlockInfo
 from ..sched.seqlen import QueryRows, SeqlenInfo, tma_entry_rows
@@ -83,7 +84,8 @@ class RoundContext:
     sliding window: window_offset (the lower edge, `visibility.first_visible_key`) and
     window_edge (key blocks starting below it need masking); with a softcap or a score_mod:
     pre_scale, what S is multiplied by first (softmax_scale / softcap, `mask.apply_softcap`;
-    softmax_scale, `mods.apply_mods`); with mods: what they read (`mods.ModArgs`)."""
+    softmax_scale, `mods.apply_mods`); with mods: what they read (`mods.ModArgs`); with
+    sinks: the sink logits, float32 (heads_q,) (`absorb_sinks`)."""
 
     thr: ThreadMma
     mask_at: MaskCoords
@@ -97,6 +99,7 @@ class RoundContext:
     window_edge: object = None
     pre_scale: object = None
     mods: object = None
+    sinks: object = None
 
 
 class FlashFwdBase:
@@ -120,6 +123,7 @@ class FlashFwdBase:
         self.softcap = key.softcap
         self.score_mod, self.mask_mod = key.score_mod, key.mask_mod
         self.has_mods = key.score_mod is not None or key.mask_mod is not None
+        self.sinks = key.sinks
         self.rows = QueryRows(self.group)
         self.scheduler = SingleTileScheduler(cfg.block_m, key.causal, self.group, self.split_kv,
                                              key.lpt)
@@ -251,11 +255,11 @@ class FlashFwdBase:
                               self.block_info.n_block_max(seqlen, tile.m_block, causal_offset))
 
     def _context(self, thr: ThreadMma, m_block, seqlen: SeqlenInfo, keys: KeyRange, loads,
-                 warp=None, pre_scale=None, tile=None, captures=None) -> RoundContext:
+                 warp=None, pre_scale=None, tile=None, score_tensors=None) -> RoundContext:
         """warp: where the warps split the keys, this thread's warp, whose rows start at row
         slab * 16 of the tile and whose keys at column group * warp_keys of every K/V tile
-        (`TileConfig.warp_place`). tile, captures: the `WorkTile` and the captured tensors,
-        which a key with mods needs."""
+        (`TileConfig.warp_place`). tile, score_tensors: the `WorkTile` and the tensors the
+        scores read (the mods' captured ones, the sink logits), which a key with them needs."""
         query0 = m_block * self.cfg.block_m + thr.row0
         col0 = thr.col0
         if warp is not None:
@@ -264,10 +268,27 @@ class FlashFwdBase:
         window_edge = None
         if cutlass.const_expr(self.local):
             window_edge = self.block_info.window_edge(m_block, keys.window_offset)
-        at = mods.ModArgs(tile.batch, tile.head, captures) if self.has_mods else None
+        at = mods.ModArgs(tile.batch, tile.head, score_tensors) if self.has_mods else None
         return RoundContext(thr, MaskCoords(thr.row_offsets, thr.col_offsets, query0, col0),
                             seqlen, keys.causal_offset, keys.n_block_max, loads, keys.n_block_min,
-                            keys.n_block_total, keys.window_offset, window_edge, pre_scale, at)
+                            keys.n_block_total, keys.window_offset, window_edge, pre_scale, at,
+                            score_tensors[-1] if self.sinks else None)
+
+    def absorb_sinks(self, ctx: RoundContext, tile):
+        """With sinks, after the last round: each row's sink logit (of its query head) joins
+        its softmax as a key of value 0 (`OnlineSoftmax.absorb_sink`), once per row: the lanes
+        (and, where warps split the keys, the warps) of a row share it, and of a split-KV
+        call's splits only the first counts it (the merge adds the splits' sums)."""
+        if cutlass.const_expr(self.sinks):
+            at, thr = ctx.mask_at, ctx.thr
+            holders = (1 << len(thr.reduce_offsets)) * getattr(self.cfg, "key_groups", 1)
+            share = cutlass.Float32(1.0 / holders)
+            if cutlass.const_expr(self.split_kv):
+                share = cutlass.select_(tile.split == 0, share, cutlass.Float32(0.0))
+            sink_log2 = tuple(
+                ctx.sinks[self.rows.head(tile.head, at.query0 + at.row_offsets[r])] * LOG2_E
+                for r in range(len(at.row_offsets)))
+            thr.softmax.absorb_sink(thr.acc_O_mn, sink_log2, share)
 
     @cute.jit
     def run_rounds(self, ctx: RoundContext):
@@ -339,6 +360,7 @@ class FlashFwdBase:
                   warp=None):
         """scratch, warp: where the warps split the keys, the float32 smem their partial results
         are combined in (`epilogue.warp_combine_bytes`) and this thread's warp."""
+        self.absorb_sinks(ctx, tile)
         if cutlass.const_expr(self.cfg.warps_split_keys):
             epilogue.write_outputs_warp_split(self.cfg, ctx.thr, scratch, mO, mLSE, tile,
                                               self.rows, ctx.seqlen.seqlen_q, write_lse, tidx,

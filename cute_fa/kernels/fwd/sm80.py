@@ -111,7 +111,7 @@ class FlashFwdSm80(FlashFwdBase):
                  write_lse: cutlass.Int32, window_left: Optional[cutlass.Int32],
                  window_right: Optional[cutlass.Int32], softcap: Optional[cutlass.Float32],
                  mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
-                 max_seqlen_q: Optional[cutlass.Int32], captures: Optional[tuple],
+                 max_seqlen_q: Optional[cutlass.Int32], score_tensors: Optional[tuple],
                  mSeqUsedK: Optional[cute.Tensor],
                  mPageTable: Optional[cute.Tensor], num_splits: Optional[cutlass.Int32],
                  mOMerged: Optional[cute.Tensor], mLSEMerged: Optional[cute.Tensor],
@@ -130,7 +130,7 @@ class FlashFwdSm80(FlashFwdBase):
                                  write_lse, sQ_layout, sKV_layout, SharedStorage, mSeqUsedK,
                                  mPageTable, num_splits, mCuSeqlensQ, mCuSeqlensK, window_left,
                                  window_right, pre_scale, mOMerged, mLSEMerged,
-                                 write_merged_lse, mSplitCounters, captures),
+                                 write_merged_lse, mSplitCounters, score_tensors),
                      grid, SharedStorage, stream)
 
     @cute.kernel
@@ -144,7 +144,7 @@ class FlashFwdSm80(FlashFwdBase):
                window_right: Optional[cutlass.Int32], pre_scale: Optional[cutlass.Float32],
                mOMerged: Optional[cute.Tensor], mLSEMerged: Optional[cute.Tensor],
                write_merged_lse: Optional[cutlass.Int32],
-               mSplitCounters: Optional[cute.Tensor], captures: Optional[tuple]):
+               mSplitCounters: Optional[cute.Tensor], score_tensors: Optional[tuple]):
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
@@ -247,7 +247,7 @@ class FlashFwdSm80(FlashFwdBase):
                 if n_block_max - 1 - self.kv_stages >= n_block_min:
                     self._fetch_pages(loads, n_block_max - 1 - self.kv_stages)
 
-        ctx = self._context(thr, m_block, seqlen, keys, loads, warp, pre_scale, tile, captures)
+        ctx = self._context(thr, m_block, seqlen, keys, loads, warp, pre_scale, tile, score_tensors)
         self.run_rounds(ctx)
         scratch = None
         if cutlass.const_expr(cfg.warps_split_keys):

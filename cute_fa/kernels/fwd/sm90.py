@@ -86,7 +86,7 @@ class FlashFwdSm90(FlashFwdBase):
                  write_lse: cutlass.Int32, window_left: Optional[cutlass.Int32],
                  window_right: Optional[cutlass.Int32], softcap: Optional[cutlass.Float32],
                  mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
-                 max_seqlen_q: Optional[cutlass.Int32], captures: Optional[tuple],
+                 max_seqlen_q: Optional[cutlass.Int32], score_tensors: Optional[tuple],
                  mTileCounter: Optional[cute.Tensor],
                  stream):
         """The optional arguments are those the key asks for (`compile.registry`), None
@@ -115,7 +115,7 @@ class FlashFwdSm90(FlashFwdBase):
                                  write_lse,
                                  sQ_layout, sKV_layout, Storage, mCuSeqlensQ, mCuSeqlensK,
                                  window_left, window_right,
-                                 pre_scale, mTileCounter, captures),
+                                 pre_scale, mTileCounter, score_tensors),
                      grid, Storage, stream, threads=self.roles.threads)
 
     @cute.kernel
@@ -128,23 +128,23 @@ class FlashFwdSm90(FlashFwdBase):
                Storage: cutlass.Constexpr, mCuSeqlensQ: Optional[cute.Tensor],
                mCuSeqlensK: Optional[cute.Tensor], window_left: Optional[cutlass.Int32],
                window_right: Optional[cutlass.Int32], pre_scale: Optional[cutlass.Float32],
-               mTileCounter: Optional[cute.Tensor], captures: Optional[tuple]):
+               mTileCounter: Optional[cute.Tensor], score_tensors: Optional[tuple]):
         if cutlass.const_expr(self.persistent):
             self._persistent(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
                              tma_atom_O, tma_O, mLSE, scale_log2, causal_offset, write_lse,
                              sQ_layout, sKV_layout, Storage, window_left, window_right,
-                             pre_scale, mTileCounter, captures)
+                             pre_scale, mTileCounter, score_tensors)
         else:
             self._single(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O,
                          tma_O, mO, mLSE, scale_log2, causal_offset, write_lse, sQ_layout,
                          sKV_layout, Storage, mCuSeqlensQ, mCuSeqlensK, window_left,
-                         window_right, pre_scale, captures)
+                         window_right, pre_scale, score_tensors)
 
     @cute.jit
     def _single(self, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O,
                 tma_O, mO, mLSE, scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout,
                 Storage, mCuSeqlensQ, mCuSeqlensK, window_left, window_right, pre_scale,
-                captures):
+                score_tensors):
         """One CTA, one tile (`SingleTileScheduler`)."""
         cfg = self.cfg
         bars = self.bars
@@ -170,12 +170,13 @@ class FlashFwdSm90(FlashFwdBase):
             ctidx = tidx - wgmma.WARPGROUP_THREADS
             thr = thread_wgmma(cfg, ctidx, sQ, sK, wgmma.transposed(sV), scale_log2)
             ctx = self._context(thr, tile.m_block, seqlen, keys, None,
-                                pre_scale=pre_scale, tile=tile, captures=captures)
+                                pre_scale=pre_scale, tile=tile, score_tensors=score_tensors)
             # Q has landed before anyone reads it, and before the epilogue reuses its bytes
             # for O (a tile that visits no key block runs no round)
             cute.arch.mbarrier_wait(mbar + bars.q, 0)
             if n_rounds > 0:
                 self._mainloop(ctx, thr, mbar, n_rounds, ctidx)
+            self.absorb_sinks(ctx, tile)
             if cutlass.const_expr(self.tma_store):
                 self._store_tma(thr, storage, sQ, tma_atom_O, tma_O, mLSE, tile, seqlen,
                                 ctx.mask_at.query0, write_lse, ctidx)
@@ -207,7 +208,7 @@ class FlashFwdSm90(FlashFwdBase):
     @cute.jit
     def _persistent(self, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O,
                     tma_O, mLSE, scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout,
-                    Storage, window_left, window_right, pre_scale, mTileCounter, captures):
+                    Storage, window_left, window_right, pre_scale, mTileCounter, score_tensors):
         """A persistent CTA (`PersistentTileScheduler`): its first tile is blockIdx.x, each
         next one blockIdx.x + k gridDim.x, or with `dynamic_tiles` the counter's next (the
         producer fetches it). The producer hands each tile's index to the consumers in sTile
@@ -254,10 +255,11 @@ class FlashFwdSm90(FlashFwdBase):
                 n_rounds = self._n_rounds(keys.n_block_max, keys.n_block_min)
                 thr = thread_wgmma(cfg, ctidx, sQ, sK, wgmma.transposed(sV), scale_log2)
                 ctx = self._context(thr, tile.m_block, seqlen, keys, None,
-                                    pre_scale=pre_scale, tile=tile, captures=captures)
+                                    pre_scale=pre_scale, tile=tile, score_tensors=score_tensors)
                 if n_rounds > 0:
                     self._mainloop(ctx, thr, mbar, n_rounds, ctidx, base=rounds)
                 self._release(mbar + bars.q_released)
+                self.absorb_sinks(ctx, tile)
                 self._store_tma(thr, storage, sO, tma_atom_O, tma_O, mLSE, tile, seqlen,
                                 ctx.mask_at.query0, write_lse, ctidx)
                 rounds += n_rounds

@@ -102,7 +102,7 @@ class FlashFwdTma(FlashFwdBase):
                  write_lse: cutlass.Int32, window_left: Optional[cutlass.Int32],
                  window_right: Optional[cutlass.Int32], softcap: Optional[cutlass.Float32],
                  mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
-                 max_seqlen_q: Optional[cutlass.Int32], captures: Optional[tuple], stream):
+                 max_seqlen_q: Optional[cutlass.Int32], score_tensors: Optional[tuple], stream):
         """The optional arguments are those the key asks for (`compile.registry`), None
         elsewhere."""
         cfg = self.cfg
@@ -122,7 +122,7 @@ class FlashFwdTma(FlashFwdBase):
                                  mLSE, scale_log2, causal_offset, write_lse,
                                  sQ_layout, sKV_layout, Storage, mCuSeqlensQ, mCuSeqlensK,
                                  window_left, window_right,
-                                 pre_scale, captures),
+                                 pre_scale, score_tensors),
                      grid, Storage, stream)
 
     @cute.kernel
@@ -134,21 +134,21 @@ class FlashFwdTma(FlashFwdBase):
                Storage: cutlass.Constexpr, mCuSeqlensQ: Optional[cute.Tensor],
                mCuSeqlensK: Optional[cute.Tensor], window_left: Optional[cutlass.Int32],
                window_right: Optional[cutlass.Int32], pre_scale: Optional[cutlass.Float32],
-               captures: Optional[tuple]):
+               score_tensors: Optional[tuple]):
         if cutlass.const_expr(self.persistent):
             self._persistent(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
                              scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout,
-                             Storage, window_left, window_right, pre_scale, captures)
+                             Storage, window_left, window_right, pre_scale, score_tensors)
         else:
             self._single(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
                          scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout, Storage,
                          mCuSeqlensQ, mCuSeqlensK, window_left, window_right, pre_scale,
-                         captures)
+                         score_tensors)
 
     @cute.jit
     def _single(self, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
                 scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout, Storage,
-                mCuSeqlensQ, mCuSeqlensK, window_left, window_right, pre_scale, captures):
+                mCuSeqlensQ, mCuSeqlensK, window_left, window_right, pre_scale, score_tensors):
         """One CTA, one tile (`SingleTileScheduler`)."""
         cfg = self.cfg
         stages = self.kv_stages
@@ -204,14 +204,14 @@ class FlashFwdTma(FlashFwdBase):
         cute.arch.mbarrier_wait(bar_Q, 0)
 
         ctx = self._context(thr, tile.m_block, seqlen, keys, loads, pre_scale=pre_scale,
-                            tile=tile, captures=captures)
+                            tile=tile, score_tensors=score_tensors)
         self.run_rounds(ctx)
         self.write_epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx)
 
     @cute.jit
     def _persistent(self, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
                     scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout, Storage,
-                    window_left, window_right, pre_scale, captures):
+                    window_left, window_right, pre_scale, score_tensors):
         """A persistent CTA (`PersistentTileScheduler`): tiles blockIdx.x, blockIdx.x +
         gridDim.x, ... The ring's round count runs on across tiles, and a tile's refills past
         its own last round load the next tile's first key blocks into the stages it frees,
@@ -287,7 +287,7 @@ class FlashFwdTma(FlashFwdBase):
                              scale_log2, self.lazy_threshold)
             cute.arch.mbarrier_wait(bar_Q, done % 2)
             ctx = self._context(thr, tile.m_block, seqlen, keys, loads,
-                                pre_scale=pre_scale, tile=tile, captures=captures)
+                                pre_scale=pre_scale, tile=tile, score_tensors=score_tensors)
             self.run_rounds(ctx)
             self.write_epilogue(ctx, sQ, mO, mLSE, tile, write_lse, tidx)
             # every thread's reads and writes of sQ (O, generic proxy) come before the next
