@@ -6,6 +6,7 @@ the reference's; outputs start poisoned (NaN). Then the compile cache across new
 values, the decode and ragged paths, sdpa's entry, and a mod equivalent to a built-in feature
 (causal, softcap) against that feature."""
 
+import itertools
 import math
 
 import pytest
@@ -52,7 +53,8 @@ def mods(batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> dict:
     }
 
 
-NAMES = list(mods(1, 1, 2, 2))
+NAMES = ["causal", "sliding_window", "prefix_lm", "document", "random_blocks", "alibi",
+         "softcap", "relative_bias", "alibi_document"]
 
 
 def _rand(*shape, dtype, gen):
@@ -131,13 +133,14 @@ def test_new_captured_values_reuse_the_kernel():
 
 @pytest.mark.parametrize("paged", [False, True])
 def test_decode_with_mods(paged):
-    """Few queries against a long cache (the decode kernel, split-KV), dense and paged:
-    ALiBi and a document mask over the cache's positions."""
+    """Few queries against a long cache (the decode kernel, its GQA packing: rows of several
+    heads in one tile), dense and paged: ALiBi and a random block-sparse mask."""
     gen = torch.Generator(device="cuda").manual_seed(11)
     b, sq, sk, hq, hk, d = 2, 3, 1500, 8, 2, 128
     q = _rand(b, sq, hq, d, dtype=torch.bfloat16, gen=gen)
     k, v = (_rand(b, sk, hk, d, dtype=torch.bfloat16, gen=gen) for _ in range(2))
-    score_mod, mask_mod = mods(b, hq, sq, sk)["alibi_document"]
+    table_mods = mods(b, hq, sq, sk)
+    score_mod, mask_mod = table_mods["alibi"][0], table_mods["random_blocks"][1]
     kwargs = {}
     kc, vc = k, v
     if paged:
@@ -167,17 +170,19 @@ def test_varlen_with_mods():
     gen = torch.Generator(device="cuda").manual_seed(13)
     lens_q, lens_k, h, d = [37, 300, 1], [50, 300, 129], 4, 64
     slopes = torch.rand(h, device="cuda", generator=gen)
-    offset = torch.tensor([0, 5, 11], device="cuda")
+    offset = torch.tensor([0.0, 5.0, 11.0], device="cuda")
     score_mod = lambda s, b, hh, qi, kv: s + slopes[hh] * (kv - qi) + offset[b]  # noqa: E731
     mask_mod = lambda b, hh, qi, kv: (kv <= qi + 40) & (kv % 7 != b)  # noqa: E731
     q = _rand(sum(lens_q), h, d, dtype=torch.float16, gen=gen)
     k, v = (_rand(sum(lens_k), h, d, dtype=torch.float16, gen=gen) for _ in range(2))
-    cu = [torch.tensor([0] + list(torch.tensor(n).cumsum(0)), device="cuda",
-                       dtype=torch.int32) for n in (lens_q, lens_k)]
+    cu = [torch.tensor([0, *itertools.accumulate(n)], device="cuda", dtype=torch.int32)
+          for n in (lens_q, lens_k)]
     o, lse = cute_fa.forward_varlen(q, k, v, cu[0], cu[1], max(lens_q), max(lens_k),
                                     return_lse=True, score_mod=score_mod, mask_mod=mask_mod)
     for i in range(3):
-        rq, rk = slice(cu[0][i], cu[0][i + 1]), slice(cu[1][i], cu[1][i + 1])
+        rq = slice(sum(lens_q[:i]), sum(lens_q[:i + 1]))
+        rk = slice(sum(lens_k[:i]), sum(lens_k[:i + 1]))
+        # the sequence's own dense call, with b its index in the batch (a traced constant)
         entry = lambda fn, i=i: (lambda *a: fn(*a[:-4], i, *a[-3:]))  # noqa: E731
         check(o[rq][None], lse[:, rq][None], q[rq][None], k[rk][None], v[rk][None],
               entry(score_mod), entry(mask_mod), flex=False)
