@@ -12,16 +12,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # what the lazy attributes below resolve to, for type checkers
     from . import explain, kernels, layouts, reference
     from .api.backward import backward, backward_varlen
+    from .api.flex import flex_attention
     from .api.forward import forward, forward_varlen, merge_attention, sdpa
     from .api.precompile import precompile
     from .runtime.plan import tiles_of
 
 __version__ = "0.1.0"
-__all__ = ["forward", "forward_varlen", "sdpa", "backward", "backward_varlen",
+__all__ = ["forward", "forward_varlen", "sdpa", "flex_attention", "backward", "backward_varlen",
            "merge_attention", "precompile", "tiles_of", "explain", "layouts", "reference",
            "__version__"]
 
 _LAZY = {"forward": "api.forward", "forward_varlen": "api.forward", "sdpa": "api.forward",
+         "flex_attention": "api.flex",
          "merge_attention": "api.forward", "backward": "api.backward",
          "backward_varlen": "api.backward", "precompile": "api.precompile",
          "tiles_of": "runtime.plan"}

@@ -156,7 +156,7 @@ def test_backward_keys_refuse_mods():
     from cute_fa.mods import trace_mask_mod
 
     graph, _ = trace_mask_mod(document)
-    with pytest.raises(ValueError, match="backward kernels take no score_mod, mask_mod or sinks"):
+    with pytest.raises(ValueError, match="backward kernels take no score_mod, mask_mod, sinks or block"):
         BwdKey("sm_80", False, BwdTileConfig(head_dim=64), mask_mod=graph)
 
 

@@ -63,7 +63,8 @@ def _attend(call: AttentionCall, q, k, v, out, deterministic, original: tuple, *
         o, lse = run_forward(call, plan(call, device(call.device_index)), q, k, v, out,
                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                              seqused_k=seqused_k, page_table=page_table,
-                             score_tensors=score_tensors(mods.captures, mods.sinks))
+                             score_tensors=score_tensors(mods.captures, mods.sinks),
+                             block_mask=mods.block_mask)
     return (o, lse) if call.return_lse else o
 
 
@@ -105,7 +106,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ..
             seqused_k: torch.Tensor | None = ..., page_table: torch.Tensor | None = ...,
             num_splits: int | None = ..., deterministic: bool | None = ...,
             score_mod: Callable | None = ..., mask_mod: Callable | None = ...,
-            sinks: torch.Tensor | None = ...) -> torch.Tensor: ...
+            sinks: torch.Tensor | None = ..., block_mask: object = ...) -> torch.Tensor: ...
 
 
 @overload
@@ -116,7 +117,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = ..
             seqused_k: torch.Tensor | None = ..., page_table: torch.Tensor | None = ...,
             num_splits: int | None = ..., deterministic: bool | None = ...,
             score_mod: Callable | None = ..., mask_mod: Callable | None = ...,
-            sinks: torch.Tensor | None = ...) -> tuple[torch.Tensor, torch.Tensor]: ...
+            sinks: torch.Tensor | None = ..., block_mask: object = ...
+            ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -126,7 +128,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
             seqused_k: torch.Tensor | None = None, page_table: torch.Tensor | None = None,
             num_splits: int | None = None, deterministic: bool | None = None,
             score_mod: Callable | None = None, mask_mod: Callable | None = None,
-            sinks: torch.Tensor | None = None,
+            sinks: torch.Tensor | None = None, block_mask: object = None,
             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward in flash-attn's layout, differentiable.
 
@@ -175,6 +177,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     sinks: float (heads_q,), one logit per query head (gpt-oss's attention sinks, HF's
     s_aux): each row's softmax has one more term, exp(sinks[h]), of a key with value 0, so
     the weights of the real keys sum to less than one; lse includes it. Not with autograd yet.
+    block_mask: a block-sparse mask (`cute_fa.mods.block_mask.create_block_mask`'s, or torch's
+    `create_block_mask`'s BlockMask): each query tile visits only the key tiles that meet
+    the mask's full or partial blocks, and evaluates the mask's mask_mod there (on full
+    blocks too: the same where the mask_mod keeps them whole, as create_block_mask's do).
+    Dense calls without causal or a window (the mask says them); the sm80 and sm90 kernels.
 
     Gradients: where q, k or v require grad, the output's grad_fn runs cute_fa's backward
     kernels (`cute_fa.backward`); lse is returned as a non-differentiable output. deterministic:
@@ -189,6 +196,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     if seqused_k is None and page_table is None and num_splits is None and softcap == 0.0 \
             and type(window_size) is tuple and window_size == NO_WINDOW \
             and score_mod is None and mask_mod is None and sinks is None \
+            and block_mask is None \
             and not torch.compiler.is_compiling():  # (it reads addresses, which traces lack)
         call = plain_call(q, k, v, out, softmax_scale, causal, return_lse, backend)
     mods = NONE
@@ -197,7 +205,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
                              causal=causal, return_lse=return_lse, backend=backend,
                              window_size=window_size, softcap=softcap, seqused_k=seqused_k,
                              page_table=page_table, num_splits=num_splits)
-        mods = trace_mods(score_mod, mask_mod, q, softcap, sinks, call.heads_q)
+        mods = trace_mods(score_mod, mask_mod, q, softcap, sinks, call.heads_q, block_mask,
+                          call)
         call = with_mods(call, mods)
     return _attend(call, q, k, v, out, deterministic, (causal, window_size, softcap, True),
                    seqused_k=seqused_k, page_table=page_table, mods=mods)
@@ -206,11 +215,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
          scale: float | None = None, backend: Backend = "auto", *,
          deterministic: bool | None = None, score_mod: Callable | None = None,
-         mask_mod: Callable | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+         mask_mod: Callable | None = None, sinks: torch.Tensor | None = None,
+         block_mask: object = None) -> torch.Tensor:
     """Like torch.nn.functional.scaled_dot_product_attention on (batch, heads, seqlen, head_dim).
 
     Top-left causal, as torch does; same kernel as `forward`, reached through strides, and
-    differentiable as `forward` is. score_mod, mask_mod, sinks: `forward`'s.
+    differentiable as `forward` is. score_mod, mask_mod, sinks, block_mask: `forward`'s.
     """
     if deterministic is not None:
         as_bool("deterministic", deterministic)
@@ -219,7 +229,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = Fa
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     call = check_forward(DENSE, qt, kt, vt, softmax_scale=scale, causal=is_causal,
                          backend=backend, bottom_right=False, names=SDPA_NAMES)
-    mods = trace_mods(score_mod, mask_mod, q, sinks=sinks, heads_q=call.heads_q)
+    mods = trace_mods(score_mod, mask_mod, q, sinks=sinks, heads_q=call.heads_q,
+                      block_mask=block_mask, call=call)
     call = with_mods(call, mods)
     out = None
     if not tracing(q) and not requires_grad(q, k, v):

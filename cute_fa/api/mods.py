@@ -2,7 +2,8 @@
 (`cute_fa.mods.trace`; an operation outside the vocabulary raises a TypeError naming it), the
 graphs put into the call's score features (the kernel key's fields: a new function compiles,
 new values in the same tensors do not) and the tensors they index handed to the launch; the
-sink logits are checked and handed over as float32."""
+sink logits are checked and handed over as float32; a block mask (cute_fa's or torch's) is
+checked against the call, and its mask_mod becomes the call's."""
 
 from __future__ import annotations
 
@@ -15,16 +16,18 @@ from ..runtime.call import AttentionCall
 
 class TracedMods(NamedTuple):
     """A call's traced mods (None: not given) and the tensors they capture, the score_mod's
-    first (in slot order); its sink logits, float32 (heads_q,) (None: no sinks)."""
+    first (in slot order); its sink logits, float32 (heads_q,) (None: no sinks); its block
+    mask (`cute_fa.mods.block_mask.BlockMask`, None: none)."""
 
     score_mod: object = None
     mask_mod: object = None
     captures: tuple = ()
     sinks: object = None
+    block_mask: object = None
 
     def __bool__(self) -> bool:
         return self.score_mod is not None or self.mask_mod is not None \
-            or self.sinks is not None
+            or self.sinks is not None or self.block_mask is not None
 
 
 NONE = TracedMods()
@@ -32,9 +35,16 @@ NONE = TracedMods()
 
 def trace_mods(score_mod: Callable | None, mask_mod: Callable | None, q: torch.Tensor,
                softcap: float = 0.0, sinks: torch.Tensor | None = None,
-               heads_q: int = 0) -> TracedMods:
+               heads_q: int = 0, block_mask=None, call: AttentionCall | None = None
+               ) -> TracedMods:
     """The call's mods traced and checked against it: callables, not with a softcap next to a
-    score_mod, their captured tensors on q's device; sinks a float tensor (heads_q,) there."""
+    score_mod, their captured tensors on q's device; sinks a float tensor (heads_q,) there;
+    a block mask (only with `call`, a dense one) whose mask_mod is then the call's."""
+    if block_mask is not None:
+        block_mask = _block_mask(block_mask, mask_mod, q, call)
+        mask_mod = block_mask.mask_mod
+        traced = trace_mods(score_mod, mask_mod, q, softcap, sinks, heads_q)
+        return traced._replace(block_mask=block_mask)
     if score_mod is None and mask_mod is None:
         return NONE if sinks is None else TracedMods(sinks=_sinks(sinks, q, heads_q))
     from ..mods.trace import trace_mask_mod, trace_score_mod
@@ -57,6 +67,41 @@ def trace_mods(score_mod: Callable | None, mask_mod: Callable | None, q: torch.T
                                  f"captures must be on q's device, {q.device}")
     return TracedMods(score_graph, mask_graph, score_captures + mask_captures,
                       None if sinks is None else _sinks(sinks, q, heads_q))
+
+
+def _block_mask(block_mask, mask_mod, q: torch.Tensor, call: AttentionCall | None):
+    """cute_fa's BlockMask of `block_mask` (cute_fa's or torch's), checked against the call:
+    a dense call of its sequence lengths, without causal or a window (the mask says them),
+    its batch and heads 1 or the call's."""
+    from ..mods.block_mask import BlockMask, from_torch
+
+    if not isinstance(block_mask, BlockMask):
+        if not hasattr(block_mask, "kv_num_blocks") or not hasattr(block_mask, "BLOCK_SIZE"):
+            raise TypeError(f"block_mask must be a cute_fa.mods.block_mask.BlockMask or torch's "
+                            f"FlexAttention BlockMask, got {type(block_mask).__name__}")
+        block_mask = from_torch(block_mask)
+    if mask_mod is not None:
+        raise ValueError("pass the mask as mask_mod or as block_mask (its mask_mod), not both")
+    if call is None or call.layout != "dense" or call.page_size or call.seqused_k \
+            or call.num_splits not in (None, 1):
+        raise ValueError("block_mask is taken by dense calls (forward, sdpa, flex_attention): "
+                         "not forward_varlen or a KV cache")
+    f = call.features
+    if f.causal or f.local:
+        raise ValueError("block_mask with causal or window_size: put them in the mask (its "
+                         "mask_mod), as FlexAttention does")
+    if (block_mask.seqlen_q, block_mask.seqlen_k) != (call.seqlen_q, call.seqlen_k):
+        raise ValueError(f"block_mask was made for (seqlen_q, seqlen_k) = ({block_mask.seqlen_q}"
+                         f", {block_mask.seqlen_k}), the call has ({call.seqlen_q}, "
+                         f"{call.seqlen_k})")
+    batch, heads = block_mask.kv_num_blocks.shape[:2]
+    if batch not in (1, call.batch) or heads not in (1, call.heads_q):
+        raise ValueError(f"block_mask's batch and heads ({batch}, {heads}) must be 1 or the "
+                         f"call's ({call.batch}, {call.heads_q})")
+    if block_mask.kv_num_blocks.device != q.device:
+        raise ValueError(f"block_mask must be on q's device, {q.device}, got "
+                         f"{block_mask.kv_num_blocks.device}")
+    return block_mask
 
 
 def _sinks(sinks, q: torch.Tensor, heads_q: int) -> torch.Tensor:
@@ -84,7 +129,8 @@ def with_mods(call: AttentionCall, mods: TracedMods) -> AttentionCall:
     if not mods:
         return call
     return call._replace(features=call.features._replace(
-        score_mod=mods.score_mod, mask_mod=mods.mask_mod, sinks=mods.sinks is not None))
+        score_mod=mods.score_mod, mask_mod=mods.mask_mod, sinks=mods.sinks is not None,
+        block_sparse=mods.block_mask is not None))
 
 
 def refuse_without_backward(mods: TracedMods) -> None:

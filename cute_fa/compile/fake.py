@@ -58,7 +58,7 @@ def fake_arguments(key: KernelKey) -> tuple:
     def score_tensors():
         """The mods' captured tensors, in slot order: any extents and strides (a table may
         be a broadcast view), element-aligned (a 0-d capture travels as one element); then
-        the sink logits, float32 (heads_q,)."""
+        the sink logits, float32 (heads_q,); then a block mask's counts and indices."""
         from ..kernels.common.mods import DTYPES
 
         graphs = [g for g in (key.score_mod, key.mask_mod) if g is not None]
@@ -67,7 +67,15 @@ def fake_arguments(key: KernelKey) -> tuple:
             stride=tuple(cute.sym_int64() for _ in range(max(c.ndim, 1))),
             assumed_align=max(DTYPES[c.dtype].width // 8, 1)) for g in graphs for c in g.captures
         ) + ((make_fake_tensor(cutlass.Float32, (cute.sym_int(),), stride=(1,),
-                               assumed_align=4),) if key.sinks else ())
+                               assumed_align=4),) if key.sinks else ()) + (
+            (int32_tensor(3), int32_tensor(4)) if key.block_sparse else ())
+
+    def int32_tensor(rank):
+        """A block mask's counts (batch, heads, query blocks) or indices (..., key blocks):
+        batch and heads may be broadcast (stride 0)."""
+        return make_fake_tensor(cutlass.Int32, tuple(cute.sym_int() for _ in range(rank)),
+                                stride=tuple(cute.sym_int64() for _ in range(rank - 1)) + (1,),
+                                assumed_align=4)
 
     make = {"qkvo": qkvo, "score_tensors": score_tensors, "accum3": accum3, "int32_tensor3": int32_tensor3,
             "out": lambda: qkvo(out_dtype), "lse": lse,

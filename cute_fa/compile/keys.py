@@ -27,8 +27,12 @@ class KernelKey:
     score_mod / mask_mod: a traced mod (`cute_fa.mods.ModGraph`, equal for equal graphs
     whatever the captured tensors hold) run on every score (`kernels/common/mods.py`); sinks:
     one more logit per query head in every row's softmax, of a key with value 0 (gpt-oss's
-    attention sinks). The mods' captured tensors and the sink logits are the kernel's
-    `score_tensors` argument."""
+    attention sinks). block_sparse: each query block visits the key blocks a block mask lists
+    for it (`cute_fa.mods.block_mask.BlockMask.kernel_blocks`), in ascending order, instead of
+    every one its causal bound leaves (dense calls of the cp.async and wgmma kernels, without
+    causal, a window, GQA packing or persistence). The mods' captured tensors, the sink logits
+    and the block lists (their counts, then their indices) are the kernel's `score_tensors`
+    argument."""
 
     arch: str
     causal: bool
@@ -42,14 +46,15 @@ class KernelKey:
     score_mod: object = None
     mask_mod: object = None
     sinks: bool = False
+    block_sparse: bool = False
     backend: ClassVar[str] = ""
 
     @property
     def has_score_tensors(self) -> bool:
         """Whether the kernel reads tensors for its scores (the `score_tensors` argument): its
         mods' captured tensors, its sink logits."""
-        return self.sinks or any(g is not None and g.captures
-                                 for g in (self.score_mod, self.mask_mod))
+        return self.sinks or self.block_sparse or any(
+            g is not None and g.captures for g in (self.score_mod, self.mask_mod))
 
     def _check_mods(self) -> None:
         for name in ("score_mod", "mask_mod"):
@@ -60,6 +65,17 @@ class KernelKey:
         if self.score_mod is not None and self.softcap:
             raise ValueError("a softcap and a score_mod together: the softcap is a score_mod "
                              "(softcap * tanh(score / softcap)); give one or the other")
+        if self.block_sparse and (self.backend == "tma" or self.causal or self.local
+                                  or self.varlen_q or self.varlen_k or self.lpt
+                                  or getattr(self, "pack_gqa", 1) > 1
+                                  or getattr(self, "persistent", 0)
+                                  or getattr(self, "split_kv", False)
+                                  or getattr(self, "page_size", 0)
+                                  or getattr(self, "seqused_k", False)):
+            raise ValueError("block_sparse visits a block mask's key blocks in dense calls of "
+                             "the sm80 and sm90 kernels: not the TMA kernel, causal (put it "
+                             "in the mask), a window, a ragged batch, lpt, GQA packing, "
+                             "persistence, split-KV or a KV cache")
 
 
 def _check_persistent(persistent) -> None:
@@ -205,8 +221,9 @@ class MergeKey:
 def _check_backward_key(key: KernelKey, tile_type: type) -> None:
     """What every backward main kernel's key must hold: a tile of its kernel's type, no lpt
     (the backward's CTAs own key blocks) and no mods (the backward does not run them)."""
-    if key.score_mod is not None or key.mask_mod is not None or key.sinks:
-        raise ValueError("the backward kernels take no score_mod, mask_mod or sinks")
+    if key.score_mod is not None or key.mask_mod is not None or key.sinks or key.block_sparse:
+        raise ValueError("the backward kernels take no score_mod, mask_mod, sinks or block "
+                         "mask")
     if not isinstance(key.tile, tile_type):
         raise TypeError(f"tile must be a {tile_type.__name__}, got {type(key.tile).__name__}")
     if key.lpt:

@@ -44,7 +44,8 @@ def _args(*specs) -> tuple:
 # scalars. The window's sides come with a sliding window (`local`), the softcap with a softcap,
 # the ragged batch's cu_seqlens int32 (batch + 1,) and longest query with a ragged batch, the
 # tensors a key's scores read ("score_tensors": a tuple of its mods' captured tensors, any
-# strides, then the float32 sink logits (heads_q,), `KernelKey.has_score_tensors`),
+# strides, then the float32 sink logits (heads_q,), then a block mask's int32 counts (batch,
+# heads, query blocks) and indices (..., key blocks), `KernelKey.has_score_tensors`),
 # and the cp.async kernel's decode arguments (seqused_k int32 (batch,), page_table int32
 # (batch, pages per sequence), the split count; with fused_merge the call's own O and LSE,
 # whether to write that LSE, and int32 counters, one per query block) with their key fields.

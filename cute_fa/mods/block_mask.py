@@ -49,6 +49,34 @@ class BlockMask:
                                        self.seqlen_k, partial.device))
 
 
+    def kernel_blocks(self, block_m: int, block_n: int, batch: int, heads: int) -> tuple:
+        """(counts int32 (batch, heads, query tiles), indices int32 (..., key tiles)): for a
+        kernel of block_m x block_n tiles, the key tiles each query tile visits, ascending,
+        then the others (`_ordered`): every tile that overlaps a full or partial block of
+        this mask. Broadcast over batch and heads where the mask has one; no host sync."""
+        bq, bk = self.block_size
+        k_blocks = self.kv_indices.shape[-1]
+        kept = _listed(self.kv_num_blocks, self.kv_indices, k_blocks) | _listed(
+            self.full_kv_num_blocks, self.full_kv_indices, k_blocks)
+        rows = _overlap(-(-self.seqlen_q // block_m), block_m, kept.shape[2], bq, self.seqlen_q,
+                        kept.device)
+        cols = _overlap(-(-self.seqlen_k // block_n), block_n, k_blocks, bk, self.seqlen_k,
+                        kept.device)
+        tiles = (rows @ kept.to(torch.float32) @ cols.T) > 0
+        counts, indices = _ordered(tiles)
+        shape = (batch, heads) + tuple(counts.shape[2:])
+        return counts.expand(shape), indices.expand(shape + indices.shape[-1:])
+
+
+def _overlap(tiles: int, tile: int, blocks: int, block: int, length: int, device) -> torch.Tensor:
+    """float (tiles, blocks): 1 where tile i's positions (i * tile ... up to length) meet
+    block j's (j * block ...)."""
+    start = torch.arange(tiles, device=device)[:, None] * tile
+    end = torch.clamp(start + tile, max=length)
+    first = torch.arange(blocks, device=device)[None, :] * block
+    return ((start < first + block) & (first < end)).to(torch.float32)
+
+
 def _listed(counts, indices, k_blocks) -> torch.Tensor:
     """bool (batch, heads, query blocks, key blocks): the blocks a row's count of indices names."""
     take = torch.arange(indices.shape[-1], device=indices.device) < counts[..., None].long()

@@ -19,10 +19,10 @@ DENSE, RAGGED = "dense", "ragged"
 class ScoreFeatures(NamedTuple):
     """What a call asks of the scores besides the scale: causal (an upper edge, moved right by
     window_right), a sliding window's lower edge (local, window_left keys left of the
-    diagonal), a softcap (0: none), traced mods (`cute_fa.mods.ModGraph`, None: none) and
-    attention sinks (a logit per query head). `causal`, `local`, the mods and `sinks` are
-    kernel key fields; the rest are kernel arguments (the mods' captured tensors and the sink
-    logits too)."""
+    diagonal), a softcap (0: none), traced mods (`cute_fa.mods.ModGraph`, None: none),
+    attention sinks (a logit per query head) and a block mask (block_sparse). `causal`,
+    `local`, the mods, `sinks` and `block_sparse` are kernel key fields; the rest are kernel
+    arguments (the mods' captured tensors, the sink logits and the block lists too)."""
 
     causal: bool
     local: bool = False
@@ -32,6 +32,7 @@ class ScoreFeatures(NamedTuple):
     score_mod: object = None
     mask_mod: object = None
     sinks: bool = False
+    block_sparse: bool = False
 
 
 PLAIN = {False: ScoreFeatures(False), True: ScoreFeatures(True)}

@@ -162,7 +162,7 @@ def is_decode(call: AttentionCall) -> bool:
     or (dense, on a backend that has decode) at most DECODE_MAX_SEQLEN_Q queries."""
     return bool(call.page_size or call.seqused_k or (call.num_splits or 1) > 1
                 or (call.layout != RAGGED and call.seqlen_q <= DECODE_MAX_SEQLEN_Q
-                    and call.backend not in PREFILL_ONLY))
+                    and call.backend not in PREFILL_ONLY and not call.features.block_sparse))
 
 
 def _compiled(key, compile: bool):
@@ -183,9 +183,10 @@ def _changed(key, changes: tuple):
 def _with_mods(key, f: ScoreFeatures):
     """`key` running the call's traced mods and sinks (on the tile planned for the call
     without them)."""
-    if f.score_mod is None and f.mask_mod is None and not f.sinks:
+    if f.score_mod is None and f.mask_mod is None and not f.sinks and not f.block_sparse:
         return key
-    return dataclasses.replace(key, score_mod=f.score_mod, mask_mod=f.mask_mod, sinks=f.sinks)
+    return dataclasses.replace(key, score_mod=f.score_mod, mask_mod=f.mask_mod, sinks=f.sinks,
+                               block_sparse=f.block_sparse)
 
 
 def _forward(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
@@ -204,13 +205,18 @@ def _forward(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
     # how many query heads of a K/V group a (not persistent) dense wgmma tile packs
     pack = 1 if persist or call.layout == RAGGED else sm90_pack_gqa(
         call.head_dim, f.causal, call.seqlen_q, call.heads_q, call.heads_kv)
+    backend = call.backend
+    if f.block_sparse:  # one CTA per tile, one query head per tile: its own block lists
+        small, persist, pack = False, False, 1
+        if backend == "auto":
+            backend = "sm90" if Arch.of_name(device.arch).major == 9 else "sm80"
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
-             f.softcap > 0, f.score_mod, f.mask_mod, f.sinks, call.layout, call.backend, small,
-             long, persist, pack, over, compile)
+             f.softcap > 0, f.score_mod, f.mask_mod, f.sinks, f.block_sparse, call.layout,
+             backend, small, long, persist, pack, over, compile)
     found = _FORWARD.get(route)
     if found is None:
         key = kernel_key(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
-                         call.backend, tile_arch=over.tile_arch, local=f.local,
+                         backend, tile_arch=over.tile_arch, local=f.local,
                          softcap=f.softcap > 0, varlen=call.layout == RAGGED, small_grid=small,
                          seqlen_q=call.seqlen_q, persistent_sms=device.num_sms if persist else 0,
                          pack_gqa=pack)

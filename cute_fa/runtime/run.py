@@ -45,12 +45,15 @@ def score_tensors(captures: tuple, sinks=None) -> tuple | None:
 
 def run_forward(call: AttentionCall, plan: ForwardPlan, q, k, v, out=None, *, cu_seqlens_q=None,
                 cu_seqlens_k=None, seqused_k=None, page_table=None,
-                return_lse: bool | None = None, score_tensors: tuple | None = None) -> tuple:
+                return_lse: bool | None = None, score_tensors: tuple | None = None,
+                block_mask=None) -> tuple:
     """(out, lse): lse None unless call.return_lse (or return_lse, where given: autograd keeps
     it for the backward). Dense: q, out (batch, seqlen_q, heads_q, head_dim); ragged:
     (total_q, heads_q, head_dim), lse (heads_q, total_q); k and v a paged cache (pages,
     page_size, heads_kv, head_dim) where a page_table is given. score_tensors: the tensors
-    the call's scores read (`score_tensors`)."""
+    the call's scores read (`score_tensors`); block_mask: a block-sparse call's
+    (`cute_fa.mods.block_mask.BlockMask`), whose lists at the planned kernel's tile join
+    them."""
     if out is None:
         out = torch.empty_like(q)  # q's memory order where q is dense, else contiguous
     if return_lse is None:
@@ -73,6 +76,10 @@ def run_forward(call: AttentionCall, plan: ForwardPlan, q, k, v, out=None, *, cu
         out4, lse4 = out, (lse if lse is not None else no_lse(call.device_index))
     q, k, v = _plain(q), _plain(k), _plain(v)
     f = call.features
+    if f.block_sparse:
+        tile = plan.key.tile
+        score_tensors = (score_tensors or ()) + block_mask.kernel_blocks(
+            tile.block_m, tile.block_n, call.batch, call.heads_q)
     if plan.num_splits == 1:
         args = ForwardArgs(q, k, v, out4, lse4, call.softmax_scale, call.causal_offset,
                            int(return_lse), f.window_left, f.window_right, f.softcap,

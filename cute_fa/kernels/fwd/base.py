@@ -67,13 +67,16 @@ class KeyRange:
     """The keys a CTA's rows see: causal_offset places the upper (causal) edge,
     window_offset the lower edge of a sliding window (None: none), and the CTA visits key
     blocks [n_block_min, n_block_max) (with split-KV: its split's share of the blocks below
-    n_block_total, the query block's own n_block_max)."""
+    n_block_total, the query block's own n_block_max). blocks (block_sparse): the key blocks a
+    block mask lists for the tile, ascending; block j of [0, n_block_max) is then key block
+    blocks[j] (`real_block`)."""
 
     causal_offset: object
     n_block_max: object
     n_block_min: object = 0
     n_block_total: object = None
     window_offset: object = None
+    blocks: object = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,8 @@ class RoundContext:
     window_edge (key blocks starting below it need masking); with a softcap or a score_mod:
     pre_scale, what S is multiplied by first (softmax_scale / softcap, `mask.apply_softcap`;
     softmax_scale, `mods.apply_mods`); with mods: what they read (`mods.ModArgs`); with
-    sinks: the sink logits, float32 (heads_q,) (`absorb_sinks`)."""
+    sinks: the sink logits, float32 (heads_q,) (`absorb_sinks`); with block_sparse: the tile's
+    key block list (`KeyRange.blocks`)."""
 
     thr: ThreadMma
     mask_at: MaskCoords
@@ -100,6 +104,7 @@ class RoundContext:
     pre_scale: object = None
     mods: object = None
     sinks: object = None
+    blocks: object = None
 
 
 class FlashFwdBase:
@@ -124,6 +129,7 @@ class FlashFwdBase:
         self.score_mod, self.mask_mod = key.score_mod, key.mask_mod
         self.has_mods = key.score_mod is not None or key.mask_mod is not None
         self.sinks = key.sinks
+        self.block_sparse = key.block_sparse
         self.rows = QueryRows(self.group)
         self.scheduler = SingleTileScheduler(cfg.block_m, key.causal, self.group, self.split_kv,
                                              key.lpt)
@@ -223,12 +229,13 @@ class FlashFwdBase:
         return i < self.mask_steps
 
     def _tma_work(self, tma_Q, tma_K, causal_offset, mCuSeqlensQ, mCuSeqlensK, window_left,
-                  window_right) -> tuple:
+                  window_right, score_tensors=None) -> tuple:
         """(tile, SeqlenInfo, KeyRange) of this CTA for a kernel whose Q and K are TMA tensors
         ((seqlen, head_dim, heads, batch)); in a ragged batch causal is bottom-right per entry."""
         if cutlass.const_expr(not (self.varlen_q or self.varlen_k or self.local)):
             seqlen = SeqlenInfo(self._tma_seqlen_q(tma_Q), tma_K.shape[0])
-            tile, keys = self._work(tma_Q.shape[2], tma_K.shape[2], seqlen, causal_offset)
+            tile, keys = self._work(tma_Q.shape[2], tma_K.shape[2], seqlen, causal_offset,
+                                    score_tensors)
             return tile, seqlen, keys
         tile = self.scheduler.tile(tma_Q.shape[2], tma_K.shape[2])
         seqlen = SeqlenInfo.of(tile.batch, self._tma_seqlen_q(tma_Q), tma_K.shape[0],
@@ -248,11 +255,22 @@ class FlashFwdBase:
         GQA packing the K/V head whose group the view folds into the rows."""
         return tile.head_kv if self.group > 1 else tile.head
 
-    def _work(self, heads_q, heads_kv, seqlen: SeqlenInfo, causal_offset):
-        """(tile, KeyRange) of this CTA, for the dense call without a window."""
+    def _work(self, heads_q, heads_kv, seqlen: SeqlenInfo, causal_offset, score_tensors=None):
+        """(tile, KeyRange) of this CTA, for the dense call without a window; with
+        block_sparse, the key blocks its block mask lists (the last two score tensors: the
+        counts, the indices)."""
         tile = self.scheduler.tile(heads_q, heads_kv)
+        if cutlass.const_expr(self.block_sparse):
+            counts, indices = score_tensors[-2], score_tensors[-1]
+            return tile, KeyRange(causal_offset, counts[tile.batch, tile.head, tile.m_block],
+                                  blocks=indices[tile.batch, tile.head, tile.m_block, None])
         return tile, KeyRange(causal_offset,
                               self.block_info.n_block_max(seqlen, tile.m_block, causal_offset))
+
+    @staticmethod
+    def real_block(blocks, n_block):
+        """Key block of round block n_block: itself, or in a block-sparse tile the list's."""
+        return n_block if blocks is None else blocks[n_block]
 
     def _context(self, thr: ThreadMma, m_block, seqlen: SeqlenInfo, keys: KeyRange, loads,
                  warp=None, pre_scale=None, tile=None, score_tensors=None) -> RoundContext:
@@ -272,7 +290,13 @@ class FlashFwdBase:
         return RoundContext(thr, MaskCoords(thr.row_offsets, thr.col_offsets, query0, col0),
                             seqlen, keys.causal_offset, keys.n_block_max, loads, keys.n_block_min,
                             keys.n_block_total, keys.window_offset, window_edge, pre_scale, at,
-                            score_tensors[-1] if self.sinks else None)
+                            score_tensors[len(self._captures())] if self.sinks else None,
+                            keys.blocks)
+
+    def _captures(self) -> tuple:
+        """The mods' captured tensors' descriptions, in slot order (the first score tensors)."""
+        graphs = (self.score_mod, self.mask_mod)
+        return tuple(c for g in graphs if g is not None for c in g.captures)
 
     def absorb_sinks(self, ctx: RoundContext, tile):
         """With sinks, after the last round: each row's sink logit (of its query head) joins
@@ -344,6 +368,7 @@ class FlashFwdBase:
         if cutlass.const_expr(self.softcap):
             mask.apply_softcap(acc_S, ctx.pre_scale)
         acc_S_mn = cute.make_tensor(acc_S.iterator, rowcol(acc_S.layout))
+        n_block = self.real_block(ctx.blocks, n_block)
         if cutlass.const_expr(self.has_mods):
             mods.apply_mods(acc_S_mn, ctx.mask_at, n_block * self.cfg.block_n + ctx.mask_at.col0,
                             self.rows, ctx.seqlen, ctx.mods, self.score_mod, self.mask_mod,

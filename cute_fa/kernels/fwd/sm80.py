@@ -63,7 +63,8 @@ from ..sched.seqlen import SeqlenInfo, shifted
 @dataclass(frozen=True)
 class Sm80Loads:
     """The cp.async side of a round: the tiled copy and the K/V tiles it moves (gmem source,
-    smem destination, identity coordinates of a tile's rows), and the page table if paged."""
+    smem destination, identity coordinates of a tile's rows), the page table if paged, and a
+    block-sparse tile's key block list (`KeyRange.blocks`)."""
 
     g2s: object
     tKgK: object
@@ -73,6 +74,7 @@ class Sm80Loads:
     tKVcKV: object
     paged: object = None
     rPage: object = None
+    blocks: object = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,8 @@ class FlashFwdSm80(FlashFwdBase):
                               and not self.varlen_k and not self.local):
             seqlen = SeqlenInfo(mQ.shape[1], mK.shape[1])
             # K/V tiles are walked from n_block_max - 1 down to 0
-            tile, keys = self._work(mQ.shape[2], mK.shape[2], seqlen, causal_offset)
+            tile, keys = self._work(mQ.shape[2], mK.shape[2], seqlen, causal_offset,
+                                    score_tensors)
         else:
             batch_size = mQ.shape[0]
             if cutlass.const_expr(self.varlen_q):
@@ -203,7 +206,7 @@ class FlashFwdSm80(FlashFwdBase):
             rPage = cute.make_rmem_tensor(self._page_slots(tKVcKV), cutlass.Int32)
         loads = Sm80Loads(g2s, thr_g2s.partition_S(gK), thr_g2s.partition_D(sK),
                           thr_g2s.partition_S(gV), thr_g2s.partition_D(sV), tKVcKV, paged,
-                          rPage)
+                          rPage, keys.blocks)
 
         # Q: rows past seqlen_q (packed: past the group's rows) are zeros
         for m in cutlass.range_constexpr(cute.size(tQsQ.shape[1])):
@@ -269,7 +272,9 @@ class FlashFwdSm80(FlashFwdBase):
         """Start the cp.async of one K or V tile; with check_rows, rows past seqlen_k become
         zeros. Paged, each row is shifted from page 0 to its page (rows past seqlen_k are
         never looked up: their page-table entry may not exist); prefetched: the pages are
-        those `_fetch_pages` read for this block."""
+        those `_fetch_pages` read for this block. Block-sparse, n_block is the tile's list's
+        (its last, the largest, is the one a tail can cut: the first round's)."""
+        n_block = self.real_block(ld.blocks, n_block)
         for m in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
             if cutlass.const_expr(check_rows):
                 if n_block * self.cfg.block_n + ld.tKVcKV[0, m, 0][0] < seqlen_k:

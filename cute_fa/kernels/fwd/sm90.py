@@ -151,7 +151,8 @@ class FlashFwdSm90(FlashFwdBase):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tile, seqlen, keys = self._tma_work(tma_Q, tma_K, causal_offset, mCuSeqlensQ,
-                                            mCuSeqlensK, window_left, window_right)
+                                            mCuSeqlensK, window_left, window_right,
+                                            score_tensors)
         n_rounds = self._n_rounds(keys.n_block_max, keys.n_block_min)
         storage, mbar = self._shared(Storage, warp)
 
@@ -159,7 +160,7 @@ class FlashFwdSm90(FlashFwdBase):
             cute.arch.setmaxregister_decrease(self.roles.producer_regs)
             if warp == 0:
                 self._produce(storage, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
-                              tile, seqlen, keys.n_block_max, n_rounds)
+                              tile, seqlen, keys.n_block_max, n_rounds, keys.blocks)
         else:
             cute.arch.setmaxregister_increase(self.roles.consumer_regs)
             # the wgmma operands: the TMA tiles, the swizzle carried by the pointer, which is
@@ -386,10 +387,10 @@ class FlashFwdSm90(FlashFwdBase):
 
     @cute.jit
     def _produce(self, storage, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tile,
-                 seqlen: SeqlenInfo, n_block_max, n_rounds):
+                 seqlen: SeqlenInfo, n_block_max, n_rounds, blocks=None):
         """Warp 0: Q, then K and V of every round, each stage refilled once its consumers have
         released it. The copies elect their own lane; the mbarrier set-up sits under
-        elect_one."""
+        elect_one. blocks: a block-sparse tile's key block list (`KeyRange.blocks`)."""
         cfg, bars, stages = self.cfg, self.bars, self.kv_stages
         mbar = storage.mbar.data_ptr()
         tQsQ, tQgQ, tKsK, tKgK, tVsV, tVgV = self._tma_partitions(
@@ -403,19 +404,20 @@ class FlashFwdSm90(FlashFwdBase):
             cute.arch.mbarrier_arrive_and_expect_tx(mbar + bars.q, q_bytes)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=mbar + bars.q)
         self._load_kv(mbar, tma_atom_K, tma_atom_V, (tKsK, tKgK, tVsV, tVgV), n_block_max,
-                      n_rounds)
+                      n_rounds, blocks=blocks)
 
     @cute.jit
     def _load_kv(self, mbar, tma_atom_K, tma_atom_V, kv_parts, n_block_max, n_rounds,
-                 base=None):
+                 base=None, blocks=None):
         """K and V of n_rounds rounds, key blocks n_block_max - 1 down, each stage refilled once
         its consumers have released it; base: the ring's rounds before these (a persistent
-        CTA's earlier tiles; None: none)."""
+        CTA's earlier tiles; None: none); blocks: a block-sparse tile's list (block j is
+        blocks[j])."""
         bars, stages = self.bars, self.kv_stages
         kv_bytes = tma.tma_box(self.cfg, "K").tile_bytes
         tKsK, tKgK, tVsV, tVgV = kv_parts
         for i in range(0, n_rounds, 1):
-            n_block = n_block_max - 1 - i
+            n_block = self.real_block(blocks, n_block_max - 1 - i)
             r = self._round(i, base)
             stage, phase = ring.ring_slot(r, stages)
             for atom, src, dst, full, empty in (

@@ -2,7 +2,9 @@
 kernels: torch.compile(flex_attention), block masks from create_block_mask) and against the
 built-in feature a mod equals (causal, a window, a softcap), forward, bf16, side by side in one
 process on the same inputs, timed by cute_fa.bench.common.time_each (the host launch hidden
-for every method alike). Shapes: 16k tokens per call (batch = 16384 // S), 16 query heads,
+for every method alike). For masks, cute_fa runs twice: with the mask_mod alone (evaluated on
+every key block) and with torch's block mask (`block_mask=`: only the listed key tiles; the
+GPU time includes converting the mask to the kernel's tiles, as every call does). Shapes: 16k tokens per call (batch = 16384 // S), 16 query heads,
 4 K/V heads (GQA), head_dim 128, S 1k / 4k / 16k. Each cute_fa output is checked against
 FlexAttention's (max |diff| printed). Usage: bench_mods.py OUT_DIR"""
 import json
@@ -55,8 +57,12 @@ def main():
                                                                  device="cuda")
             fns = {"cute_fa": lambda: cute_fa.forward(q, k, v, score_mod=score_mod,
                                                       mask_mod=mask_mod),
+                   "cute_fa_block_mask": lambda: cute_fa.forward(q, k, v, score_mod=score_mod,
+                                                                 block_mask=bm),
                    "flex": lambda: flex(qt, kt, vt, score_mod=score_mod, block_mask=bm,
                                         enable_gqa=True).transpose(1, 2)}
+            if bm is None:
+                del fns["cute_fa_block_mask"]
             if builtin is not None:
                 fns["builtin"] = lambda: cute_fa.forward(q, k, v, **builtin)
             us, errors, outs = time_each(torch, fns, reps=20, keep_outputs=True)
@@ -65,8 +71,12 @@ def main():
                 diff = (outs["cute_fa"].float() - outs["flex"].float()).abs().max().item()
             row = dict(seqlen=s, batch=batch, mod=name, us=us, errors=errors,
                        max_diff_vs_flex=diff)
-            if us.get("cute_fa") and us.get("flex"):
-                row["speedup_vs_flex"] = us["flex"] / us["cute_fa"]
+            for method in ("cute_fa", "cute_fa_block_mask"):
+                if us.get(method) and us.get("flex"):
+                    row[f"{method}_vs_flex"] = us["flex"] / us[method]
+            if "cute_fa_block_mask" in outs and "flex" in outs:
+                row["block_mask_max_diff_vs_flex"] = (
+                    outs["cute_fa_block_mask"].float() - outs["flex"].float()).abs().max().item()
             if us.get("cute_fa") and us.get("builtin"):
                 row["vs_builtin"] = us["builtin"] / us["cute_fa"]
             rows.append(row)
