@@ -319,3 +319,33 @@ def test_flex_attention_drop_in():
     err_torch = (o_torch.transpose(1, 2).double() - o_ref).abs().max().item()
     assert err <= 2 * err_torch + 1e-3, (err, err_torch)
     assert (lse.double() - lse_ref).abs().max().item() < 1e-2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sinks_gradients(causal):
+    """dq, dk, dv and the sinks' gradient against float64 autograd of attention with a sink
+    column (the kernels' backward and `_SinkAttention`'s formula), GQA, Sq != Sk."""
+    gen = torch.Generator(device="cuda").manual_seed(37)
+    b, sq, sk, hq, hk, d = 2, 300, 400, 8, 2, 64
+    q = _rand(b, sq, hq, d, dtype=torch.bfloat16, gen=gen).requires_grad_()
+    k, v = (_rand(b, sk, hk, d, dtype=torch.bfloat16, gen=gen).requires_grad_()
+            for _ in range(2))
+    sinks = (torch.randn(hq, device="cuda", generator=gen) * 2).requires_grad_()
+    dout = _rand(b, sq, hq, d, dtype=torch.bfloat16, gen=gen)
+    cute_fa.forward(q, k, v, causal=causal, sinks=sinks).backward(dout)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+    qd, kd, vd, sd = leaves
+    group = hq // hk
+    s = torch.einsum("bqhd,bkhd->bhqk", qd, kd.repeat_interleave(group, 2)) * d ** -0.5
+    if causal:
+        keep = torch.arange(sk, device="cuda")[None, :] <= \
+            torch.arange(sq, device="cuda")[:, None] + (sk - sq)
+        s = s.masked_fill(~keep, -math.inf)
+    s = torch.cat([s, sd[None, :, None, None].expand(b, hq, sq, 1)], -1)
+    p = torch.softmax(s, -1)[..., :-1]
+    o = torch.einsum("bhqk,bkhd->bqhd", p, vd.repeat_interleave(group, 2))
+    o.backward(dout.double())
+    for name, got, want in zip(("dq", "dk", "dv", "dsinks"), (q.grad, k.grad, v.grad,
+                                                              sinks.grad), leaves):
+        err = (got.double() - want.grad).abs().max().item()
+        assert err <= 2e-2 * max(1.0, want.grad.abs().max().item()), (name, err)

@@ -9,7 +9,7 @@ import torch
 from ..runtime.call import RAGGED, AttentionCall, backward_of
 from ..runtime.device import device
 from ..runtime.plan import plan
-from ..runtime.run import kernel_ready, run_backward, run_forward
+from ..runtime.run import kernel_ready, run_backward, run_forward, score_tensors
 
 
 def _backward(ctx, dout, cu_seqlens_q=None, cu_seqlens_k=None) -> tuple:
@@ -65,10 +65,46 @@ class _RaggedAttention(torch.autograd.Function):
         return (None, None) + _backward(ctx, dout, cu_q, cu_k) + (None, None)
 
 
+class _SinkAttention(torch.autograd.Function):
+    """`_Attention` (dense or ragged) with attention sinks, which get their gradient too. The
+    backward kernels need nothing new: the forward's LSE holds the sink, so P = exp(S - LSE)
+    is the real keys' weights. The sink of head h, a key of value 0, gets
+    dL/dsink_h = -sum over rows of h of exp(sink_h - LSE) * D, D = rowsum(dO * O)."""
+
+    @staticmethod
+    def forward(ctx, call, deterministic, q, k, v, sinks, cu_seqlens_q, cu_seqlens_k):
+        o, lse = run_forward(call, plan(call, device(call.device_index)), q, k, v,
+                             cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                             return_lse=True, score_tensors=score_tensors((), sinks))
+        ragged = call.layout == RAGGED
+        _record(ctx, call, deterministic, lse, q, k, v, o, lse, sinks,
+                *((cu_seqlens_q, cu_seqlens_k) if ragged else ()))
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        if dout is None:
+            return (None,) * 8
+        q, k, v, o, lse, sinks = ctx.saved_tensors[:6]
+        dq, dk, dv = _backward(ctx, dout, *ctx.saved_tensors[6:])
+        d = (dout.float() * o.float()).sum(-1)  # (batch, seqlen, heads) or (total, heads)
+        if ctx.call.layout == RAGGED:  # lse (heads, total)
+            p_sink = torch.exp(sinks.float()[:, None] - lse)
+            dsinks = -(p_sink * d.transpose(0, 1)).sum(1)
+        else:  # lse (batch, heads, seqlen)
+            p_sink = torch.exp(sinks.float()[None, :, None] - lse)
+            dsinks = -(p_sink * d.transpose(1, 2)).sum((0, 2))
+        return None, None, dq, dk, dv, dsinks.to(sinks.dtype), None, None
+
+
 def attention(call: AttentionCall, deterministic: bool, q, k, v, cu_seqlens_q=None,
-              cu_seqlens_k=None) -> tuple:
-    """(o, lse) recorded by autograd; lse None unless the call returns it."""
-    if call.layout == RAGGED:
+              cu_seqlens_k=None, sinks=None) -> tuple:
+    """(o, lse) recorded by autograd; lse None unless the call returns it. sinks: the call's
+    sink logits, (heads_q,), whose gradient autograd gets too."""
+    if sinks is not None:
+        o, lse = _SinkAttention.apply(call, deterministic, q, k, v, sinks, cu_seqlens_q,
+                                      cu_seqlens_k)
+    elif call.layout == RAGGED:
         o, lse = _RaggedAttention.apply(call, deterministic, q, k, v, cu_seqlens_q,
                                         cu_seqlens_k)
     else:

@@ -19,8 +19,8 @@ from ..runtime.device import device
 from ..runtime.plan import plan
 from ..runtime.run import run_forward, run_merge, score_tensors
 from . import autograd, ops
-from .mods import NONE, TracedMods, refuse_under_compile, refuse_without_backward, trace_mods, \
-    with_mods
+from .mods import NONE, TracedMods, needs_grad, refuse_under_compile, refuse_without_backward, \
+    trace_mods, with_mods
 from .checks import (SDPA_NAMES, as_bool, as_deterministic, check_forward, check_merge,
                      check_tensor, decode_call, plain_call, tracing, window_ints)
 
@@ -41,7 +41,8 @@ def _refuse_without_backward(call: AttentionCall, out) -> None:
         raise ValueError("seqused_k, page_table and num_splits (a KV cache) have no backward: "
                          "call it under torch.no_grad() or without inputs that require grad")
     if out is not None:
-        raise ValueError("out= has no backward: leave it None when q, k or v require grad")
+        raise ValueError("out= has no backward: leave it None when q, k, v (or sinks) require "
+                         "grad")
 
 
 def _attend(call: AttentionCall, q, k, v, out, deterministic, original: tuple, *,
@@ -54,11 +55,11 @@ def _attend(call: AttentionCall, q, k, v, out, deterministic, original: tuple, *
         refuse_under_compile(mods)
         o, lse = _through_op(call, q, k, v, out, deterministic, original, cu_seqlens_q,
                              cu_seqlens_k, seqused_k, page_table)
-    elif requires_grad(q, k, v):
+    elif requires_grad(q, k, v) or needs_grad(mods):
         refuse_without_backward(mods)
         _refuse_without_backward(call, out)
         o, lse = autograd.attention(call, as_deterministic(deterministic), q, k, v,
-                                    cu_seqlens_q, cu_seqlens_k)
+                                    cu_seqlens_q, cu_seqlens_k, sinks=mods.sinks)
     else:
         o, lse = run_forward(call, plan(call, device(call.device_index)), q, k, v, out,
                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -176,7 +177,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     torch.compile yet.
     sinks: float (heads_q,), one logit per query head (gpt-oss's attention sinks, HF's
     s_aux): each row's softmax has one more term, exp(sinks[h]), of a key with value 0, so
-    the weights of the real keys sum to less than one; lse includes it. Not with autograd yet.
+    the weights of the real keys sum to less than one; lse includes it. Differentiable: where
+    sinks require grad, autograd records the call and gives them their gradient.
     block_mask: a block-sparse mask (`cute_fa.mods.block_mask.create_block_mask`'s, or torch's
     `create_block_mask`'s BlockMask): each query tile visits only the key tiles that meet
     the mask's full or partial blocks, and evaluates the mask's mask_mod there (on full
@@ -233,7 +235,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = Fa
                       block_mask=block_mask, call=call)
     call = with_mods(call, mods)
     out = None
-    if not tracing(q) and not requires_grad(q, k, v):
+    if not tracing(q) and not requires_grad(q, k, v) and not needs_grad(mods):
         out = torch.empty_like(q).transpose(1, 2)  # o in q's own (batch, heads, ...) order
     return _attend(call, qt, kt, vt, out, deterministic, (is_causal, NO_WINDOW, 0.0, False),
                    mods=mods).transpose(1, 2)

@@ -16,8 +16,9 @@ from ..runtime.call import AttentionCall
 
 class TracedMods(NamedTuple):
     """A call's traced mods (None: not given) and the tensors they capture, the score_mod's
-    first (in slot order); its sink logits, float32 (heads_q,) (None: no sinks); its block
-    mask (`cute_fa.mods.block_mask.BlockMask`, None: none)."""
+    first (in slot order); its sink logits (heads_q,) as given (None: no sinks; they may
+    require grad: `needs_grad`); its block mask (`cute_fa.mods.block_mask.BlockMask`, None:
+    none)."""
 
     score_mod: object = None
     mask_mod: object = None
@@ -105,7 +106,8 @@ def _block_mask(block_mask, mask_mod, q: torch.Tensor, call: AttentionCall | Non
 
 
 def _sinks(sinks, q: torch.Tensor, heads_q: int) -> torch.Tensor:
-    """The sink logits as the kernels read them: float32, contiguous, one per query head."""
+    """The sink logits, checked: a float tensor, one per query head, on q's device (the launch
+    hands the kernels a float32 copy, `runtime.run.score_tensors`)."""
     if not isinstance(sinks, torch.Tensor):
         raise TypeError(f"sinks must be a tensor of one logit per query head, shape "
                         f"({heads_q},), or None, got {type(sinks).__name__}")
@@ -114,10 +116,7 @@ def _sinks(sinks, q: torch.Tensor, heads_q: int) -> torch.Tensor:
                          f"got {sinks.dtype} {tuple(sinks.shape)}")
     if sinks.device != q.device:
         raise ValueError(f"sinks must be on q's device, {q.device}, got {sinks.device}")
-    if sinks.requires_grad and torch.is_grad_enabled():  # its gradient would be lost
-        raise ValueError("sinks have no backward yet: call under torch.no_grad() or with sinks "
-                         "that do not require grad")
-    return sinks.detach().to(torch.float32).contiguous()
+    return sinks
 
 
 _SIGNATURES = {"score_mod": "(score, b, h, q_idx, kv_idx) -> score",
@@ -133,10 +132,16 @@ def with_mods(call: AttentionCall, mods: TracedMods) -> AttentionCall:
         block_sparse=mods.block_mask is not None))
 
 
+def needs_grad(mods: TracedMods) -> bool:
+    """Whether the call's sinks make autograd record it (they require grad, in grad mode)."""
+    return mods.sinks is not None and mods.sinks.requires_grad and torch.is_grad_enabled()
+
+
 def refuse_without_backward(mods: TracedMods) -> None:
-    """Mods and sinks have no backward yet: a call autograd must record raises."""
-    if mods:
-        raise ValueError("score_mod, mask_mod and sinks have no backward yet: call under "
+    """score_mod, mask_mod and block masks have no backward yet (sinks have): a call autograd
+    must record raises."""
+    if mods.score_mod is not None or mods.mask_mod is not None or mods.block_mask is not None:
+        raise ValueError("score_mod, mask_mod and block_mask have no backward yet: call under "
                          "torch.no_grad() or with q, k, v (and sinks) that do not require grad")
 
 

@@ -30,8 +30,8 @@ The mapping follows transformers' flash_attention_2 path (modeling_flash_attenti
   changes nothing, bidirectional layers get the symmetric window).
 - `softcap` -> softcap (c * tanh(scores * scale / c)), `scaling` -> softmax_scale,
   `is_causal` kwarg, else `module.is_causal`, else True.
-- `s_aux` (gpt-oss's attention sinks, a logit per query head) -> sinks; without a backward
-  yet, so a model whose sinks require grad raises under grad mode (eval and no_grad run).
+- `s_aux` (gpt-oss's attention sinks, a logit per query head) -> sinks, which train: they
+  get their gradient.
 - A value head_dim smaller than the query's (MLA) is zero-padded and the output cropped,
   as flash_attention_2 does.
 

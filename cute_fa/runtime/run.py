@@ -34,12 +34,12 @@ def _plain(t):
 def score_tensors(captures: tuple, sinks=None) -> tuple | None:
     """The tensors a call's scores read, as its kernel takes them (`compile.fake`'s
     "score_tensors"): its mods' captured tensors, each detached, a 0-d one as one element, a
-    bool one as its bytes; then the sink logits (float32, checked); None where there are
+    bool one as its bytes; then the sink logits (checked), as float32; None where there are
     none."""
     tensors = tuple(_plain(t).reshape(1) if t.dim() == 0 else _plain(t) for t in captures)
     tensors = tuple(t.view(torch.uint8) if t.dtype == torch.bool else t for t in tensors)
     if sinks is not None:
-        tensors += (_plain(sinks),)
+        tensors += (_plain(sinks).to(torch.float32).contiguous(),)
     return tensors or None
 
 
