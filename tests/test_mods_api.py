@@ -140,24 +140,50 @@ def test_refusals_before_any_launch(launches):
     assert not recorded
 
 
+@pytest.mark.parametrize("backend", ["auto", "sm80", "tma", "sm90"])
+def test_mods_train_through_the_mma_sync_backward(launches, backend):
+    """A call with mods that autograd records: its backward's main kernel is the mma.sync one
+    (the wgmma backward runs no mods), with the mods in its key and the captured tensors as
+    its score_tensors."""
+    recorded, _ = launches
+    q, k, v = (t.requires_grad_() for t in qkv())
+    o = cute_fa.forward(q, k, v, score_mod=alibi, mask_mod=document, backend=backend)
+    o.backward(torch.ones_like(o))
+    backward = [(key, args) for key, args in recorded if key.backend == "bwd_sm80"]
+    (key, args), = backward
+    assert key.score_mod is not None and key.mask_mod is not None
+    assert named_arguments(key, args)["score_tensors"] == (SLOPES, DOCS)
+    assert not any(key.backend == "bwd_sm90" for key, _ in recorded)
+
+
 def test_refused_with_grad(launches):
     recorded, _ = launches
     q, k, v = (t.requires_grad_() for t in qkv())
-    with pytest.raises(ValueError, match="have no backward yet"):
-        cute_fa.forward(q, k, v, mask_mod=document)
+    table = torch.rand(8, requires_grad=True)
+    with pytest.raises(ValueError, match=r"captures requires grad \(\(8,\) torch.float32\)"):
+        cute_fa.forward(q, k, v, score_mod=lambda s, b, h, qi, kv: s + table[h])
     with torch.no_grad():
-        cute_fa.forward(q, k, v, mask_mod=document)
+        cute_fa.forward(q, k, v, score_mod=lambda s, b, h, qi, kv: s + table[h])
     assert len(recorded) == 1
 
 
-def test_backward_keys_refuse_mods():
+def test_backward_keys_and_mods():
+    """The mma.sync backward's key takes mods; the wgmma backward's, sinks and block masks
+    are refused by every backward key."""
+    import dataclasses
+
     from cute_fa.compile.keys import BwdKey
     from cute_fa.layouts.config import BwdTileConfig
     from cute_fa.mods import trace_mask_mod
+    from cute_fa.tuning_bwd import bwd_keys
 
     graph, _ = trace_mask_mod(document)
-    with pytest.raises(ValueError, match="backward kernels take no score_mod, mask_mod, sinks or block"):
-        BwdKey("sm_80", False, BwdTileConfig(head_dim=64), mask_mod=graph)
+    assert BwdKey("sm_80", False, BwdTileConfig(head_dim=64), mask_mod=graph).has_score_tensors
+    with pytest.raises(ValueError, match="no sinks .* or block mask"):
+        BwdKey("sm_80", False, BwdTileConfig(head_dim=64), sinks=True)
+    wgmma = bwd_keys("sm_90a", "bfloat16", 64, False, backend="sm90")[1]
+    with pytest.raises(ValueError, match="bwd_sm90 backward kernel takes no score_mod"):
+        dataclasses.replace(wgmma, mask_mod=graph)
 
 
 def test_forward_key_checks_its_mods():

@@ -29,7 +29,7 @@ def reference_kernels(launches, monkeypatch):
     """run_forward / run_backward as float64 attention (the backward's dq, dk, dv by autograd
     of the same function)."""
     def run_forward(call, plan, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None,
-                    return_lse=True, score_tensors=None):
+                    return_lse=True, score_tensors=None):  # noqa: ARG001
         sinks = score_tensors[-1]
         if cu_seqlens_q is not None:
             o, lse = sink_attention(q[None], k[None], v[None], sinks, call.softmax_scale)
@@ -37,7 +37,8 @@ def reference_kernels(launches, monkeypatch):
         o, lse = sink_attention(q, k, v, sinks, call.softmax_scale)
         return o.to(q.dtype), lse.float()
 
-    def run_backward(call, plan, dout, q, k, v, o, lse, cu_seqlens_q=None, cu_seqlens_k=None):
+    def run_backward(call, plan, dout, q, k, v, o, lse, cu_seqlens_q=None, cu_seqlens_k=None,
+                     score_tensors=None):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 
     monkeypatch.setattr(autograd, "run_forward", run_forward)
@@ -74,9 +75,11 @@ def test_ragged_sink_gradient(reference_kernels):
     assert torch.allclose(sinks.grad.double(), ref_sinks.grad, rtol=2e-2, atol=1e-3)
 
 
-def test_mods_still_refuse_grad(launches):
+def test_block_mask_refuses_grad(launches):
+    from cute_fa.mods.block_mask import create_block_mask
+
     q = torch.randn(2, 50, 4, 16, dtype=torch.bfloat16)
     sinks = torch.zeros(4, requires_grad=True)
-    with pytest.raises(ValueError, match="score_mod, mask_mod and block_mask have no backward"):
-        cute_fa.forward(q, q[:, :, :2], q[:, :, :2], sinks=sinks,
-                        mask_mod=lambda b, h, qi, kv: qi >= kv)
+    with pytest.raises(ValueError, match="block_mask has no backward yet"):
+        cute_fa.forward(q, q[:, :, :2], q[:, :, :2], sinks=sinks, block_mask=create_block_mask(
+            lambda b, h, qi, kv: qi >= kv, None, None, 50, 50))

@@ -65,45 +65,58 @@ class _RaggedAttention(torch.autograd.Function):
         return (None, None) + _backward(ctx, dout, cu_q, cu_k) + (None, None)
 
 
-class _SinkAttention(torch.autograd.Function):
-    """`_Attention` (dense or ragged) with attention sinks, which get their gradient too. The
+class _ScoredAttention(torch.autograd.Function):
+    """`_Attention` (dense or ragged) with what the scores read: the mods' captured tensors
+    (constants of the gradient) and attention sinks, which get their gradient. With sinks the
     backward kernels need nothing new: the forward's LSE holds the sink, so P = exp(S - LSE)
-    is the real keys' weights. The sink of head h, a key of value 0, gets
-    dL/dsink_h = -sum over rows of h of exp(sink_h - LSE) * D, D = rowsum(dO * O)."""
+    is the real keys' weights, and the sink of head h, a key of value 0, gets
+    dL/dsink_h = -sum over rows of h of exp(sink_h - LSE) * D, D = rowsum(dO * O). With mods
+    the backward kernel runs them again (`call.features`, its key)."""
 
     @staticmethod
-    def forward(ctx, call, deterministic, q, k, v, sinks, cu_seqlens_q, cu_seqlens_k):
+    def forward(ctx, call, deterministic, q, k, v, sinks, cu_seqlens_q, cu_seqlens_k,
+                *captures):
         o, lse = run_forward(call, plan(call, device(call.device_index)), q, k, v,
                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                             return_lse=True, score_tensors=score_tensors((), sinks))
+                             return_lse=True, score_tensors=score_tensors(captures, sinks))
         ragged = call.layout == RAGGED
         _record(ctx, call, deterministic, lse, q, k, v, o, lse, sinks,
-                *((cu_seqlens_q, cu_seqlens_k) if ragged else ()))
+                *((cu_seqlens_q, cu_seqlens_k) if ragged else (None, None)), *captures)
         return o, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        nothing = (None,) * len(ctx.saved_tensors)  # one per input of forward
         if dout is None:
-            return (None,) * 8
-        q, k, v, o, lse, sinks = ctx.saved_tensors[:6]
-        dq, dk, dv = _backward(ctx, dout, *ctx.saved_tensors[6:])
-        d = (dout.float() * o.float()).sum(-1)  # (batch, seqlen, heads) or (total, heads)
-        if ctx.call.layout == RAGGED:  # lse (heads, total)
-            p_sink = torch.exp(sinks.float()[:, None] - lse)
-            dsinks = -(p_sink * d.transpose(0, 1)).sum(1)
-        else:  # lse (batch, heads, seqlen)
-            p_sink = torch.exp(sinks.float()[None, :, None] - lse)
-            dsinks = -(p_sink * d.transpose(1, 2)).sum((0, 2))
-        return None, None, dq, dk, dv, dsinks.to(sinks.dtype), None, None
+            return nothing
+        q, k, v, o, lse, sinks, cu_q, cu_k = ctx.saved_tensors[:8]
+        captures = ctx.saved_tensors[8:]
+        call = backward_of(ctx.call, ctx.deterministic)
+        dq, dk, dv = run_backward(call, plan(call, device(call.device_index)),
+                                  kernel_ready(dout), q, k, v, o, lse, cu_seqlens_q=cu_q,
+                                  cu_seqlens_k=cu_k, score_tensors=score_tensors(captures))
+        dsinks = None
+        if sinks is not None:
+            d = (dout.float() * o.float()).sum(-1)  # (batch, seqlen, heads) or (total, heads)
+            if ctx.call.layout == RAGGED:  # lse (heads, total)
+                p_sink = torch.exp(sinks.float()[:, None] - lse)
+                dsinks = -(p_sink * d.transpose(0, 1)).sum(1)
+            else:  # lse (batch, heads, seqlen)
+                p_sink = torch.exp(sinks.float()[None, :, None] - lse)
+                dsinks = -(p_sink * d.transpose(1, 2)).sum((0, 2))
+            dsinks = dsinks.to(sinks.dtype)
+        return (None, None, dq, dk, dv, dsinks) + nothing[6:]
 
 
 def attention(call: AttentionCall, deterministic: bool, q, k, v, cu_seqlens_q=None,
-              cu_seqlens_k=None, sinks=None) -> tuple:
+              cu_seqlens_k=None, sinks=None, captures: tuple = ()) -> tuple:
     """(o, lse) recorded by autograd; lse None unless the call returns it. sinks: the call's
-    sink logits, (heads_q,), whose gradient autograd gets too."""
-    if sinks is not None:
-        o, lse = _SinkAttention.apply(call, deterministic, q, k, v, sinks, cu_seqlens_q,
-                                      cu_seqlens_k)
+    sink logits, (heads_q,), whose gradient autograd gets too; captures: its mods' captured
+    tensors (constants of the gradient)."""
+    f = call.features
+    if sinks is not None or f.score_mod is not None or f.mask_mod is not None:
+        o, lse = _ScoredAttention.apply(call, deterministic, q, k, v, sinks, cu_seqlens_q,
+                                        cu_seqlens_k, *captures)
     elif call.layout == RAGGED:
         o, lse = _RaggedAttention.apply(call, deterministic, q, k, v, cu_seqlens_q,
                                         cu_seqlens_k)

@@ -59,7 +59,8 @@ def _attend(call: AttentionCall, q, k, v, out, deterministic, original: tuple, *
         refuse_without_backward(mods)
         _refuse_without_backward(call, out)
         o, lse = autograd.attention(call, as_deterministic(deterministic), q, k, v,
-                                    cu_seqlens_q, cu_seqlens_k, sinks=mods.sinks)
+                                    cu_seqlens_q, cu_seqlens_k, sinks=mods.sinks,
+                                    captures=mods.captures)
     else:
         o, lse = run_forward(call, plan(call, device(call.device_index)), q, k, v, out,
                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -173,7 +174,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     ~, and tensors indexed by the indices (on q's device: a bias table, per-head slopes,
     document ids); anything else raises a TypeError naming it. Each call traces the
     functions (microseconds); a new function compiles its kernel once, new values in its
-    tensors never recompile. Not with softcap (write it into the score_mod), autograd or
+    tensors never recompile. Differentiable in q, k, v (the mma.sync backward runs the mods
+    and score_mod's derivative, `cute_fa.mods.grad`); captured tensors get no gradient (one
+    that requires grad raises). Not with softcap (write it into the score_mod) or
     torch.compile yet.
     sinks: float (heads_q,), one logit per query head (gpt-oss's attention sinks, HF's
     s_aux): each row's softmax has one more term, exp(sinks[h]), of a key with value 0, so

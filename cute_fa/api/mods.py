@@ -138,11 +138,16 @@ def needs_grad(mods: TracedMods) -> bool:
 
 
 def refuse_without_backward(mods: TracedMods) -> None:
-    """score_mod, mask_mod and block masks have no backward yet (sinks have): a call autograd
-    must record raises."""
-    if mods.score_mod is not None or mods.mask_mod is not None or mods.block_mask is not None:
-        raise ValueError("score_mod, mask_mod and block_mask have no backward yet: call under "
-                         "torch.no_grad() or with q, k, v (and sinks) that do not require grad")
+    """What a call autograd must record cannot have yet: a block mask (no block-sparse
+    backward), captured tensors that require grad (their gradient is not computed)."""
+    if mods.block_mask is not None:
+        raise ValueError("block_mask has no backward yet: call under torch.no_grad() or with "
+                         "q, k, v (and sinks) that do not require grad")
+    for t in mods.captures:
+        if t.requires_grad:
+            raise ValueError(f"a tensor the score_mod or mask_mod captures requires grad "
+                             f"({tuple(t.shape)} {t.dtype}): its gradient is not computed yet; "
+                             f"detach it or call under torch.no_grad()")
 
 
 def refuse_under_compile(mods: TracedMods) -> None:

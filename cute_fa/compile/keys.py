@@ -218,12 +218,17 @@ class MergeKey:
 
 
 
-def _check_backward_key(key: KernelKey, tile_type: type) -> None:
+def _check_backward_key(key: KernelKey, tile_type: type, mods: bool = False) -> None:
     """What every backward main kernel's key must hold: a tile of its kernel's type, no lpt
-    (the backward's CTAs own key blocks) and no mods (the backward does not run them)."""
-    if key.score_mod is not None or key.mask_mod is not None or key.sinks or key.block_sparse:
-        raise ValueError("the backward kernels take no score_mod, mask_mod, sinks or block "
+    (the backward's CTAs own key blocks), no sinks or block mask (a forward's: sinks need
+    nothing of the backward kernels, block-sparse backward is not built), and mods only where
+    the kernel runs them (`mods`)."""
+    if key.sinks or key.block_sparse:
+        raise ValueError("the backward kernels take no sinks (their LSE holds them) or block "
                          "mask")
+    if not mods and (key.score_mod is not None or key.mask_mod is not None):
+        raise ValueError(f"the {key.backend} backward kernel takes no score_mod or mask_mod "
+                         f"(the mma.sync backward, bwd_sm80, does)")
     if not isinstance(key.tile, tile_type):
         raise TypeError(f"tile must be a {tile_type.__name__}, got {type(key.tile).__name__}")
     if key.lpt:
@@ -242,7 +247,8 @@ class BwdKey(KernelKey):
     backend: ClassVar[str] = "bwd_sm80"
 
     def __post_init__(self):
-        _check_backward_key(self, BwdTileConfig)
+        self._check_mods()
+        _check_backward_key(self, BwdTileConfig, mods=True)
 
 
 @dataclass(frozen=True)

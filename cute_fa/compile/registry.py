@@ -80,7 +80,7 @@ MERGE_ARGUMENTS = _args(("o_parts", "o_parts"), ("lse_parts", "lse_parts"), ("ou
 # and D = rowsum(dout * out) float32 (batch, heads, seqlen) ("lse"); dq_accum float32 (batch,
 # heads, blocks * block_m * head_dim_padded) ("accum3", `layouts.bwd.dq_accum_chunk`); the
 # forward's scalars; cu_seqlens and the longest key sequence of a ragged batch; the
-# deterministic mode's counters int32 (batch, heads, query blocks)
+# deterministic mode's counters int32 (batch, heads, query blocks); the mods' captured tensors
 BWD_ARGUMENTS = _args(
     ("q", "qkvo"), ("k", "qkvo"), ("v", "qkvo"), ("dout", "qkvo"), ("lse_log2", "lse"),
     ("dpsum", "lse"), ("dq_accum", "accum3"), ("dk", "qkvo"), ("dv", "qkvo"),
@@ -88,7 +88,8 @@ BWD_ARGUMENTS = _args(
     ("window_left", "int32", ("local",)), ("window_right", "int32", ("local",)),
     ("softcap", "float32", ("softcap",)), ("cu_seqlens_q", "int32_vector", ("varlen_q",)),
     ("cu_seqlens_k", "int32_vector", ("varlen_k",)), ("max_seqlen_k", "int32", ("varlen_k",)),
-    ("semaphore", "int32_tensor3", ("deterministic",)))
+    ("semaphore", "int32_tensor3", ("deterministic",)),
+    ("score_tensors", "score_tensors", ("has_score_tensors",)))
 # the wgmma backward's, then dK's and dV's float32 sums (batch, heads_kv, blocks * block_n *
 # head_dim_padded) and the CTAs a K/V group's query heads are split over, under kv_accum, and
 # deterministic's counters of those sums int32 (batch, heads_kv, key blocks)

@@ -78,6 +78,7 @@ class BwdArgs(NamedTuple):
     cu_seqlens_k: object = None
     max_seqlen_k: int | None = None
     semaphore: object = None
+    score_tensors: tuple | None = None
     dk_accum: object = None
     dv_accum: object = None
     head_splits: int | None = None

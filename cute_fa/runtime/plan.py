@@ -294,7 +294,8 @@ def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan
     over = _OVERRIDES[0]
     f = call.features
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
-             f.softcap > 0, call.layout, call.deterministic, call.backend, over, compile)
+             f.softcap > 0, f.score_mod, f.mask_mod, call.layout, call.deterministic,
+             call.backend, over, compile)
     main = _BACKWARD_MAIN.get(route)
     if main is None:
         main = _BACKWARD_MAIN[route] = _backward_keys(call, device, 1)[1]
@@ -311,12 +312,19 @@ def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan
 
 
 def _backward_keys(call: BackwardCall, device: Device, head_splits: int) -> tuple:
+    """The backward's keys; with mods the main kernel runs them, the mma.sync one (the only
+    backward that does) where the call leaves the choice to the plan."""
     f = call.features
     over = _OVERRIDES[0]
+    mods = f.score_mod is not None or f.mask_mod is not None
+    backend = "sm80" if mods and call.backend == "auto" else call.backend
     keys = bwd_keys(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
                     local=f.local, softcap=f.softcap > 0, varlen=call.layout == RAGGED,
                     deterministic=call.deterministic, tile_arch=over.tile_arch,
-                    backend=call.backend, head_splits=head_splits)
+                    backend=backend, head_splits=head_splits)
+    if mods:
+        keys = (keys[0], dataclasses.replace(keys[1], score_mod=f.score_mod,
+                                             mask_mod=f.mask_mod)) + keys[2:]
     if not over.backward_changes:
         return keys
     main = _changed(keys[1], over.backward_changes)

@@ -125,10 +125,12 @@ def run_merge(plan: MergePlan, device_index: int, o_parts, lse_parts) -> tuple:
 
 
 def run_backward(call: BackwardCall, plan: BackwardPlan, dout, q, k, v, out, lse, dq=None,
-                 dk=None, dv=None, *, cu_seqlens_q=None, cu_seqlens_k=None) -> tuple:
+                 dk=None, dv=None, *, cu_seqlens_q=None, cu_seqlens_k=None,
+                 score_tensors: tuple | None = None) -> tuple:
     """(dq, dk, dv). Dense: (batch, seqlen, heads, head_dim) tensors, lse (batch, heads_q,
     seqlen_q); ragged: (total, heads, head_dim), lse (heads_q, total_q), and rows outside
-    every sequence get zero gradients (the kernels never write them)."""
+    every sequence get zero gradients (the kernels never write them). score_tensors: the
+    mods' captured tensors (`score_tensors`) where the call has mods."""
     ragged = call.layout == RAGGED
     if ragged:
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
@@ -172,7 +174,7 @@ def run_backward(call: BackwardCall, plan: BackwardPlan, dout, q, k, v, out, lse
     launch(call.device_index, main, for_kernel(BwdArgs(
         q4, k4, v4, dout4, lse_log2, dpsum, dq_accum, dk4, dv4, call.softmax_scale,
         call.causal_offset, f.window_left, f.window_right, f.softcap, cu_seqlens_q,
-        cu_seqlens_k, call.max_seqlen_k, semaphore, kv_accum[0], kv_accum[1],
+        cu_seqlens_k, call.max_seqlen_k, semaphore, score_tensors, kv_accum[0], kv_accum[1],
         plan.head_splits, kv_semaphore), used_main))
     launch(call.device_index, post, for_kernel(BwdPostArgs(
         dq_accum, dq4, call.softmax_scale, cu_seqlens_q, call.max_seqlen_q), used_post))

@@ -11,8 +11,9 @@ import cutlass
 import cutlass.cute as cute
 
 from ...layouts import bwd as bwd_layouts
-from ..common import mask
-from ..sched.seqlen import SeqlenInfo
+from ...mods.grad import score_derivative
+from ..common import mask, mods
+from ..sched.seqlen import QueryRows, SeqlenInfo
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class KeyBlockWork:
     share: object = 0
 
 
+_ROWS = QueryRows(1)  # the backward's tiles hold one query head
+
+
 class FlashBwdBase:
     """Built from a backward kernel key (`compile.keys.BwdKey`, `BwdSm90Key`)."""
 
@@ -52,6 +56,11 @@ class FlashBwdBase:
         self.causal = key.causal
         self.local = key.local
         self.softcap = key.softcap
+        self.score_mod, self.mask_mod = key.score_mod, key.mask_mod
+        self.has_mods = key.score_mod is not None or key.mask_mod is not None
+        self.score_mod_grad = None
+        if key.score_mod is not None:  # d score_mod / d score, run next to the mod
+            self.score_mod_grad = score_derivative(key.score_mod)
         self.varlen_q = key.varlen_q
         self.varlen_k = key.varlen_k
         self.deterministic = key.deterministic
@@ -144,6 +153,25 @@ class FlashBwdBase:
             dtanh = cute.make_fragment_like(acc_S)
             dtanh.store(1.0 - acc_S.load() * acc_S.load())
         return dtanh
+
+    def _mod_scores(self, acc_S, acc_S_mn, thr, query0, key0, seqlen: SeqlenInfo, batch, head,
+                    score_tensors, pre_scale):
+        """With mods, the recomputed scores through them as in the forward (`mods.apply_mods`:
+        score_mod of S * pre_scale, -inf where mask_mod drops the key), before the mask; returns
+        score_mod's derivative at each score, the factor dS takes (None without a score_mod).
+        The tile's rows are queries query0 + row_offsets of `head`, its columns keys key0 +
+        col_offsets."""
+        grad = None
+        if cutlass.const_expr(self.has_mods):
+            grad_mn = None
+            if cutlass.const_expr(self.score_mod is not None):
+                grad = cute.make_fragment_like(acc_S)
+                grad_mn = cute.make_tensor(grad.iterator, acc_S_mn.layout)
+            coords = mods.TileCoords(thr.row_offsets, thr.col_offsets, query0)
+            mods.apply_mods(acc_S_mn, coords, key0, _ROWS, seqlen,
+                            mods.ModArgs(batch, head, score_tensors), self.score_mod,
+                            self.mask_mod, pre_scale, self.score_mod_grad, grad_mn)
+        return grad
 
     def _dq_sync(self):
         raise NotImplementedError

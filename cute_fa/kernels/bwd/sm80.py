@@ -144,19 +144,20 @@ class FlashBwdSm80(FlashBwdBase):
                  window_left: Optional[cutlass.Int32], window_right: Optional[cutlass.Int32],
                  softcap: Optional[cutlass.Float32], mCuSeqlensQ: Optional[cute.Tensor],
                  mCuSeqlensK: Optional[cute.Tensor], max_seqlen_k: Optional[cutlass.Int32],
-                 mSemaphore: Optional[cute.Tensor], stream):
+                 mSemaphore: Optional[cute.Tensor], score_tensors: Optional[tuple], stream):
         """The optional arguments are those the key asks for (`compile.registry`), None
         elsewhere."""
         cfg = self.cfg
         Storage = bwd_layouts.shared_storage(cfg)
-        scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
+        scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap,
+                                                 self.score_mod is not None)
         keys = max_seqlen_k if cutlass.const_expr(self.varlen_k) else mK.shape[1]
         grid = (cute.ceil_div(keys, cfg.block_n), cute.size(mK.shape[2]),
                 cute.size(mCuSeqlensQ.shape[0] - 1 if cutlass.const_expr(self.varlen_q)
                           else mQ.shape[0]))
         self.kernel(mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdK, mdV, scale_log2, softmax_scale,
                     causal_offset, Storage, mCuSeqlensQ, mCuSeqlensK, window_left, window_right,
-                    softcap_scale, mSemaphore).launch(
+                    softcap_scale, mSemaphore, score_tensors).launch(
             grid=grid, block=(cfg.num_threads, 1, 1), smem=Storage.size_in_bytes(),
             stream=stream, **occupancy_options(self.ctas_per_sm))
 
@@ -167,7 +168,8 @@ class FlashBwdSm80(FlashBwdBase):
                causal_offset: Optional[cutlass.Int32], Storage: cutlass.Constexpr,
                mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
                window_left: Optional[cutlass.Int32], window_right: Optional[cutlass.Int32],
-               softcap_scale: Optional[cutlass.Float32], mSemaphore: Optional[cute.Tensor]):
+               softcap_scale: Optional[cutlass.Float32], mSemaphore: Optional[cute.Tensor],
+               score_tensors: Optional[tuple]):
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
@@ -226,7 +228,8 @@ class FlashBwdSm80(FlashBwdBase):
                             self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, m_block + 1,
                                          1 - stage, seqlen.seqlen_q)
                     self._step(thr, rows, m_block, n_block, stage, blocks, seqlen, batch,
-                               scale_log2, softcap_scale, mCuSeqlensQ, mSemaphore, tidx)
+                               scale_log2, softcap_scale, mCuSeqlensQ, mSemaphore, tidx,
+                               score_tensors)
                     if cutlass.const_expr(cfg.q_stages == 1):
                         cute.arch.barrier()
                         if m_block + 1 < blocks.m_hi:
@@ -258,8 +261,9 @@ class FlashBwdSm80(FlashBwdBase):
     @cute.jit
     def _step(self, thr: BwdThread, rows: "RowData", m_block, n_block, stage,
               blocks: QueryBlocks, seqlen: SeqlenInfo, batch, scale_log2, softcap_scale,
-              mCuSeqlensQ, mSemaphore, tidx):
-        """One (query block, key block) pair: the five products."""
+              mCuSeqlensQ, mSemaphore, tidx, score_tensors=None):
+        """One (query block, key block) pair: the five products. softcap_scale: the scores'
+        pre-scale under a softcap or a score_mod."""
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         v = thr.views
@@ -286,6 +290,8 @@ class FlashBwdSm80(FlashBwdBase):
                       v["tSsQ"][None, None, None, stage], v["rA_sdp"], fine=False)
         dtanh = self._softcap_scores(acc_S, softcap_scale)
         acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
+        dmod = self._mod_scores(acc_S, acc_S_mn, thr, query0, n_block * bn + thr.col0,
+                                seqlen, batch, rows.head, score_tensors, softcap_scale)
         if self._masked(m_block, n_block, blocks, seqlen):
             mask.apply_mask(acc_S_mn, thr.row_offsets, thr.col_offsets, query0,
                             n_block * bn + thr.col0, seqlen.seqlen_k, blocks.upper, self.causal,
@@ -304,6 +310,8 @@ class FlashBwdSm80(FlashBwdBase):
             acc_dP_mn[r, None] = acc_S_mn[r, None].load() * (acc_dP_mn[r, None].load() - rD[r])
         if cutlass.const_expr(self.softcap):
             acc_dP.store(acc_dP.load() * dtanh.load())
+        if cutlass.const_expr(self.score_mod is not None):
+            acc_dP.store(acc_dP.load() * dmod.load())
 
         rP = cute.make_fragment_like(acc_S, dtype)
         rP.store(acc_S.load().to(dtype))

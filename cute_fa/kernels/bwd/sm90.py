@@ -103,11 +103,11 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
                  window_right: Optional[cutlass.Int32], softcap: Optional[cutlass.Float32],
                  mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
                  max_seqlen_k: Optional[cutlass.Int32], mSemaphore: Optional[cute.Tensor],
-                 mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor],
-                 head_splits: Optional[cutlass.Int32], mKvSemaphore: Optional[cute.Tensor],
-                 stream):
+                 score_tensors: Optional[tuple], mdKaccum: Optional[cute.Tensor],
+                 mdVaccum: Optional[cute.Tensor], head_splits: Optional[cutlass.Int32],
+                 mKvSemaphore: Optional[cute.Tensor], stream):
         """The optional arguments are those the key asks for (`compile.registry`), None
-        elsewhere."""
+        elsewhere (score_tensors always: this kernel's key takes no mods)."""
         cfg = self.cfg
         q_tile = (cfg.block_m, cfg.head_dim_padded)
         kv_tile = (cfg.block_n, cfg.head_dim_padded)

@@ -80,19 +80,30 @@ class ModArgs:
     captures: tuple
 
 
+@dataclass(frozen=True)
+class TileCoords:
+    """Where a thread's score registers sit: the query of its first row and the constant
+    offsets of its rows and columns (the forward's `fwd.base.MaskCoords` has the same)."""
+
+    row_offsets: tuple
+    col_offsets: tuple
+    query0: object
+
+
 def reads_captures(graph) -> bool:
     return graph is not None and any(n.op == "load" for n in graph.nodes())
 
 
 def apply_mods(acc_S_mn: cute.Tensor, coords, key0, rows, seqlen, at: ModArgs, score_mod,
-               mask_mod, pre_scale):
+               mask_mod, pre_scale, score_grad=None, grad_mn: cute.Tensor = None):
     """S, in place, through score_mod (of S * pre_scale: the score FlexAttention's mods see,
     softmax_scale applied) and mask_mod (-inf where it returns False). Element (r, c) is query
     rows.query(coords.query0 + coords.row_offsets[r]) of head rows.head(head0, .) against key
-    key0 + coords.col_offsets[c] (`fwd.base.MaskCoords`); seqlen: the entry's lengths. Where a mod reads a captured tensor its indices are clamped into the
+    key0 + coords.col_offsets[c] (`TileCoords`); seqlen: the entry's lengths. Where a mod reads a captured tensor its indices are clamped into the
     sequences, so that a row or key past the end (padding, masked after this) reads the
     last one's entries rather than past the user's table. Traced inline (the loops unroll:
-    the offsets and graphs are compile-time values)."""
+    the offsets and graphs are compile-time values). The backward's: score_grad (d score_mod /
+    d score, `mods.grad.score_derivative`) evaluated at the same score into grad_mn."""
     clamp = reads_captures(score_mod) or reads_captures(mask_mod)
     n_score = len(score_mod.captures) if score_mod is not None else 0
     captures = at.captures if at.captures is not None else ()
@@ -108,8 +119,10 @@ def apply_mods(acc_S_mn: cute.Tensor, coords, key0, rows, seqlen, at: ModArgs, s
                 kv_idx = cutlass.min(kv_idx, seqlen.seqlen_k - 1)
             leaves = dict(b=at.batch, h=head, q_idx=q_idx, kv_idx=kv_idx)
             if score_mod is not None:
-                acc_S_mn[r, c] = emit(score_mod, dict(leaves, score=acc_S_mn[r, c] * pre_scale),
-                                      captures[:n_score])
+                score = dict(leaves, score=acc_S_mn[r, c] * pre_scale)
+                if score_grad is not None:
+                    grad_mn[r, c] = emit(score_grad, score, captures[:n_score])
+                acc_S_mn[r, c] = emit(score_mod, score, captures[:n_score])
             if mask_mod is not None:
                 keep = emit(mask_mod, leaves, captures[n_score:])
                 acc_S_mn[r, c] = cutlass.select_(keep, acc_S_mn[r, c], -cutlass.Float32.inf)
