@@ -68,3 +68,26 @@ def test_attention_kernels_compile_with_mods(mods, arch, backend, causal):
     assert params >= captures  # at least a pointer per captured tensor
     loads = len(re.findall(r"\bld\.global", ptx)) - len(re.findall(r"\bld\.global", plain_ptx))
     assert loads > 0
+
+
+@pytest.mark.parametrize("arch, head_dim", [("sm_80", 64), ("sm_90a", 128)])
+def test_backward_compiles_with_mods(arch, head_dim):
+    """The mma.sync backward with a score_mod (its derivative too) and a mask_mod reading
+    captured tensors compiles within tuning.MOD_SPILL_BUDGET; the wgmma backward takes none."""
+    import dataclasses
+
+    from cute_fa.compile.build import compile_kernel
+    from cute_fa.compile.ptxas import ptxas_resources
+    from cute_fa.tuning import MOD_SPILL_BUDGET
+    from cute_fa.tuning_bwd import bwd_keys
+
+    score = trace_score_mod(SCORES["gate"])[0]
+    mask = trace_mask_mod(MASKS["document"])[0]
+    key = dataclasses.replace(bwd_keys(arch, "bfloat16", head_dim, True, backend="sm80")[1],
+                              score_mod=score, mask_mod=mask)
+    res = ptxas_resources(compile_kernel(key, keep_ptx=True).__ptx__, arch)
+    assert res["spill_stores"] <= MOD_SPILL_BUDGET and res["spill_loads"] <= MOD_SPILL_BUDGET, \
+        res["log"]
+    wgmma = bwd_keys("sm_90a", "bfloat16", head_dim, True, backend="sm90")[1]
+    with pytest.raises(ValueError, match="takes no score_mod"):
+        dataclasses.replace(wgmma, mask_mod=mask)
