@@ -19,10 +19,11 @@ from cute_fa.integrations import transformers as hf  # noqa: E402
 BF16 = torch.bfloat16
 
 
-def reference(q, k, v, causal, scale, window, softcap):
+def reference(q, k, v, causal, scale, window, softcap, sinks=None):
     """One sequence: q (seqlen_q, heads_q, d), k/v (seqlen_k, heads_kv, d), float32 math;
     causal and window bottom-right aligned as in flash-attn; query head h reads kv head
-    h // (heads_q // heads_kv); a query that sees no key gets zeros."""
+    h // (heads_q // heads_kv); a query that sees no key gets zeros; sinks (heads_q,): one
+    more logit per head, of a key with value 0."""
     seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv, _ = k.shape
     k = k.float().repeat_interleave(heads_q // heads_kv, dim=1)
@@ -40,13 +41,18 @@ def reference(q, k, v, causal, scale, window, softcap):
         visible &= j >= i - window[0]
     if window[1] >= 0:
         visible &= j <= i + window[1]
-    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        column = sinks.float()[:, None, None].expand(heads_q, seqlen_q, 1)
+        probs = torch.softmax(torch.cat([scores, column], -1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     return torch.einsum("hqk,khd->qhd", probs, v)
 
 
-def batched_reference(q, k, v, causal, scale=None, window=(-1, -1), softcap=0.0):
+def batched_reference(q, k, v, causal, scale=None, window=(-1, -1), softcap=0.0, sinks=None):
     """`reference` of every batch entry of (batch, seqlen, heads, d) tensors, stacked."""
-    return torch.stack([reference(q[b], k[b], v[b], causal, scale, window, softcap)
+    return torch.stack([reference(q[b], k[b], v[b], causal, scale, window, softcap, sinks)
                         for b in range(q.shape[0])])
 
 
@@ -72,7 +78,7 @@ class FakeKernels:
         self.calls.append(dict(fn="forward", q=q, k=k, causal=causal, scale=softmax_scale,
                                window=window_size, softcap=softcap, sinks=sinks))
         return batched_reference(q, k, v, causal, softmax_scale, window_size,
-                                 softcap).to(q.dtype)
+                                 softcap, sinks).to(q.dtype)
 
     def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0,
@@ -116,12 +122,19 @@ CONFIGS = {
         **SMALL, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
         attn_logit_softcapping=1.0, final_logit_softcapping=None),
 }
+# gpt-oss: attention sinks (s_aux), sliding (8) and full layers, a small mixture of experts
+# that routes every token to all of them (a top-k choice would flip on bf16 rounding)
+GPT_OSS = lambda: transformers.GptOssConfig(  # noqa: E731
+    **dict(SMALL, intermediate_size=64), head_dim=16, num_local_experts=4,
+    num_experts_per_tok=4, sliding_window=8, layer_types=["sliding_attention",
+                                                          "full_attention"])
 
 
 def build(arch, attn_implementation="cute_fa", dtype=BF16):
     torch.manual_seed(0)
+    config = GPT_OSS() if arch == "gpt_oss" else CONFIGS[arch]()
     return transformers.AutoModelForCausalLM.from_config(
-        CONFIGS[arch](), attn_implementation=attn_implementation, dtype=dtype).eval()
+        config, attn_implementation=attn_implementation, dtype=dtype).eval()
 
 
 def logits(model, implementation, **inputs):
@@ -319,6 +332,26 @@ def test_smaller_value_head_dim_is_padded_and_cropped(kernels):
     assert out.shape == (2, 10, 4, 8)
     want = batched_reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), True)
     torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
+
+
+def test_gpt_oss_sinks_match_eager(kernels):
+    """gpt-oss (random init, sinks set large enough to matter) through cute_fa: its s_aux
+    reaches the kernels as sinks and the logits match eager's; without the sinks they would
+    not (the test can fail)."""
+    model = build("gpt_oss")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.copy_(torch.linspace(-1.0, 3.0, 4))
+    ids = torch.randint(0, 128, (2, 20))
+    want, _ = logits(model, "eager", input_ids=ids)
+    got, _ = logits(model, "cute_fa", input_ids=ids)
+    assert_close(got, want)
+    assert all(c["sinks"] is not None for c in kernels.calls) and len(kernels.calls) == 2
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.fill_(-1e4)  # sinks that weigh nothing
+    without, _ = logits(model, "eager", input_ids=ids)
+    assert (without - want).abs().max() > 0.05 * want.abs().max()
 
 
 def test_s_aux_becomes_sinks(kernels):
