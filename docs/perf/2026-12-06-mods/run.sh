@@ -16,9 +16,12 @@ case $1 in
   tests)
     nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > "$OUT"/env.txt
     python -c "import torch; print(torch.__version__, torch.version.cuda)" >> "$OUT"/env.txt
-    $pytest tests/test_mod_probe_gpu.py tests/test_mods_gpu.py > "$OUT"/mods_gpu_tests.log 2>&1
+    # the mods first (this session's work), each part bounded so that its log comes back
+    timeout ${MODS_S:-300} $pytest tests/test_mod_probe_gpu.py tests/test_mods_gpu.py \
+      > "$OUT"/mods_gpu_tests.log 2>&1
     tail -3 "$OUT"/mods_gpu_tests.log
-    $pytest tests/test_bwd_sm90_gpu.py -k persistent > "$OUT"/bwd_persistent_tests.log 2>&1
+    timeout ${BWD_S:-240} $pytest tests/test_bwd_sm90_gpu.py -k persistent \
+      > "$OUT"/bwd_persistent_tests.log 2>&1
     tail -3 "$OUT"/bwd_persistent_tests.log ;;
   ab1)
     python $bwd/ab_bwd_persistent.py "$OUT" 1 > "$OUT"/run1.log 2>&1; tail -8 "$OUT"/run1.log
