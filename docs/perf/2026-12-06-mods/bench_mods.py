@@ -41,7 +41,13 @@ def cases(batch, s):
 
 
 def main():
+    import torch._dynamo
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    # every mod is a new function to torch.compile: past the default limit of 8 recompiles it
+    # falls back to eager (the first run did, bench_mods_first_try.log)
+    torch._dynamo.config.cache_size_limit = 256
+    torch._dynamo.config.accumulated_cache_size_limit = 4096
 
     flex = torch.compile(flex_attention)
     warm_gpu(torch)
