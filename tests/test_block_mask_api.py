@@ -61,6 +61,14 @@ def test_kernel_blocks_cover_every_kept_score(mask, heads, tile, block_size):
                                for r in torch_rows for c in cols if c < touched.shape[3])
 
 
+def test_kernel_blocks_are_kept_per_tile():
+    """A mask converts once per (tile, batch, heads): every layer of a step reuses it."""
+    bm = create_block_mask(document_causal, 2, None, 1000, 1000)
+    first = bm.kernel_blocks(128, 128, 2, 4)
+    assert bm.kernel_blocks(128, 128, 2, 4) is first
+    assert bm.kernel_blocks(128, 64, 2, 4) is not first
+
+
 def qkv(b=2, sq=1000, sk=1000, hq=4, hk=2, d=64):
     return (torch.randn(b, sq, hq, d, dtype=torch.bfloat16),
             torch.randn(b, sk, hk, d, dtype=torch.bfloat16),

@@ -7,7 +7,8 @@ sequences count as masked, so a tail block is never full."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +31,9 @@ class BlockMask:
     seqlen_q: int
     seqlen_k: int
     mask_mod: object = None
+    # kernel_blocks' answers by (block_m, block_n, batch, heads): a mask is made once and used
+    # by every layer of every step, and the conversion is ~25 small GPU operations
+    _tiles: dict = field(default_factory=dict, compare=False, repr=False)
 
     def dense(self) -> torch.Tensor:
         """bool (batch, heads, seqlen_q, seqlen_k): True in full blocks, the mask_mod in
@@ -53,7 +57,11 @@ class BlockMask:
         """(counts int32 (batch, heads, query tiles), indices int32 (..., key tiles)): for a
         kernel of block_m x block_n tiles, the key tiles each query tile visits, ascending,
         then the others (`_ordered`): every tile that overlaps a full or partial block of
-        this mask. Broadcast over batch and heads where the mask has one; no host sync."""
+        this mask. Broadcast over batch and heads where the mask has one; no host sync. Kept
+        per tile and shape: the mask's tensors must not change in place after a first call."""
+        held = self._tiles.get((block_m, block_n, batch, heads))
+        if held is not None:
+            return held
         bq, bk = self.block_size
         k_blocks = self.kv_indices.shape[-1]
         kept = _listed(self.kv_num_blocks, self.kv_indices, k_blocks) | _listed(
@@ -65,7 +73,9 @@ class BlockMask:
         tiles = (rows @ kept.to(torch.float32) @ cols.T) > 0
         counts, indices = _ordered(tiles)
         shape = (batch, heads) + tuple(counts.shape[2:])
-        return counts.expand(shape), indices.expand(shape + indices.shape[-1:])
+        held = counts.expand(shape), indices.expand(shape + indices.shape[-1:])
+        self._tiles[(block_m, block_n, batch, heads)] = held
+        return held
 
 
 def _overlap(tiles: int, tile: int, blocks: int, block: int, length: int, device) -> torch.Tensor:
@@ -125,8 +135,22 @@ def create_block_mask(mask_mod, batch: int | None, heads: int | None, seqlen_q: 
     return BlockMask(kv_num, kv_idx, full_num, full_idx, (bq, bk), seqlen_q, seqlen_k, mask_mod)
 
 
+_FROM_TORCH: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def from_torch(block_mask) -> BlockMask:
-    """A torch FlexAttention `BlockMask` as cute_fa's (the same tensors, int32)."""
+    """A torch FlexAttention `BlockMask` as cute_fa's (the same tensors, int32), made once per
+    torch mask object (so that its kernel tiles are converted once, `kernel_blocks`)."""
+    try:
+        held = _FROM_TORCH.get(block_mask)
+    except TypeError:  # not weakly referenceable or not hashable: converted every call
+        return _from_torch(block_mask)
+    if held is None:
+        held = _FROM_TORCH[block_mask] = _from_torch(block_mask)
+    return held
+
+
+def _from_torch(block_mask) -> BlockMask:
     seqlen_q, seqlen_k = block_mask.seq_lengths
     full_num = block_mask.full_kv_num_blocks
     full_idx = block_mask.full_kv_indices

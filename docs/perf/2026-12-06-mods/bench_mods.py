@@ -6,7 +6,8 @@ for every method alike). For masks, cute_fa runs twice: with the mask_mod alone 
 every key block) and with torch's block mask (`block_mask=`: only the listed key tiles; the
 GPU time includes converting the mask to the kernel's tiles, as every call does). Shapes: 16k tokens per call (batch = 16384 // S), 16 query heads,
 4 K/V heads (GQA), head_dim 128, S 1k / 4k / 16k. Each cute_fa output is checked against
-FlexAttention's (max |diff| printed). Usage: bench_mods.py OUT_DIR"""
+FlexAttention's (max |diff| printed). Usage: bench_mods.py OUT_DIR [SEQLENS, e.g. 4096,16384]
+[NAME of the json, default bench_mods]"""
 import json
 import sys
 
@@ -52,7 +53,8 @@ def main():
     flex = torch.compile(flex_attention)
     warm_gpu(torch)
     rows = []
-    for s in (1024, 4096, 16384):
+    seqlens = (1024, 4096, 16384) if len(sys.argv) < 3 else tuple(map(int, sys.argv[2].split(",")))
+    for s in seqlens:
         batch = 16384 // s
         q = torch.randn(batch, s, HQ, D, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(batch, s, HK, D, device="cuda", dtype=torch.bfloat16)
@@ -88,7 +90,8 @@ def main():
             rows.append(row)
             print(json.dumps(row), flush=True)
             del outs
-    with open(f"{OUT}/bench_mods.json", "w") as f:
+    name = sys.argv[3] if len(sys.argv) > 3 else "bench_mods"
+    with open(f"{OUT}/{name}.json", "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                        rows=rows), f, indent=1)
 
