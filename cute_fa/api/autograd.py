@@ -12,12 +12,14 @@ from ..runtime.plan import plan
 from ..runtime.run import kernel_ready, run_backward, run_forward, score_tensors
 
 
-def _backward(ctx, dout, cu_seqlens_q=None, cu_seqlens_k=None) -> tuple:
-    """(dq, dk, dv) of a recorded call, whose q, k, v, o, lse the context saved first."""
+def _backward(ctx, dout, cu_seqlens_q=None, cu_seqlens_k=None, score_tensors=None) -> tuple:
+    """(dq, dk, dv) of a recorded call, whose q, k, v, o, lse the context saved first;
+    score_tensors: the tensors its mods read (`runtime.run.score_tensors`)."""
     q, k, v, o, lse = ctx.saved_tensors[:5]
     call = backward_of(ctx.call, ctx.deterministic)
     return run_backward(call, plan(call, device(call.device_index)), kernel_ready(dout), q, k,
-                        v, o, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+                        v, o, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                        score_tensors=score_tensors)
 
 
 def _record(ctx, call, deterministic, lse, *saved) -> None:
@@ -89,12 +91,8 @@ class _ScoredAttention(torch.autograd.Function):
         nothing = (None,) * len(ctx.saved_tensors)  # one per input of forward
         if dout is None:
             return nothing
-        q, k, v, o, lse, sinks, cu_q, cu_k = ctx.saved_tensors[:8]
-        captures = ctx.saved_tensors[8:]
-        call = backward_of(ctx.call, ctx.deterministic)
-        dq, dk, dv = run_backward(call, plan(call, device(call.device_index)),
-                                  kernel_ready(dout), q, k, v, o, lse, cu_seqlens_q=cu_q,
-                                  cu_seqlens_k=cu_k, score_tensors=score_tensors(captures))
+        _, _, _, o, lse, sinks, cu_q, cu_k = ctx.saved_tensors[:8]
+        dq, dk, dv = _backward(ctx, dout, cu_q, cu_k, score_tensors(ctx.saved_tensors[8:]))
         dsinks = None
         if sinks is not None:
             d = (dout.float() * o.float()).sum(-1)  # (batch, seqlen, heads) or (total, heads)

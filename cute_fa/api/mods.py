@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from ..runtime.call import AttentionCall
+from ..runtime.call import DENSE, AttentionCall
 
 
 class TracedMods(NamedTuple):
@@ -83,7 +83,7 @@ def _block_mask(block_mask, mask_mod, q: torch.Tensor, call: AttentionCall | Non
         block_mask = from_torch(block_mask)
     if mask_mod is not None:
         raise ValueError("pass the mask as mask_mod or as block_mask (its mask_mod), not both")
-    if call is None or call.layout != "dense" or call.page_size or call.seqused_k \
+    if call is None or call.layout != DENSE or call.page_size or call.seqused_k \
             or call.num_splits not in (None, 1):
         raise ValueError("block_mask is taken by dense calls (forward, sdpa, flex_attention): "
                          "not forward_varlen or a KV cache")

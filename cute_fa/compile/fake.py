@@ -61,11 +61,10 @@ def fake_arguments(key: KernelKey) -> tuple:
         the sink logits, float32 (heads_q,); then a block mask's counts and indices."""
         from ..kernels.common.mods import DTYPES
 
-        graphs = [g for g in (key.score_mod, key.mask_mod) if g is not None]
         return tuple(make_fake_tensor(
             DTYPES[c.dtype], tuple(cute.sym_int() for _ in range(max(c.ndim, 1))),
             stride=tuple(cute.sym_int64() for _ in range(max(c.ndim, 1))),
-            assumed_align=max(DTYPES[c.dtype].width // 8, 1)) for g in graphs for c in g.captures
+            assumed_align=max(DTYPES[c.dtype].width // 8, 1)) for c in key.mod_captures
         ) + ((make_fake_tensor(cutlass.Float32, (cute.sym_int(),), stride=(1,),
                                assumed_align=4),) if key.sinks else ()) + (
             (int32_tensor(3), int32_tensor(4)) if key.block_sparse else ())

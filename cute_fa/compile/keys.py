@@ -50,11 +50,17 @@ class KernelKey:
     backend: ClassVar[str] = ""
 
     @property
+    def mod_captures(self) -> tuple:
+        """The mods' captured tensors (`cute_fa.mods.Capture`), the score_mod's then the
+        mask_mod's: the first of the kernel's score tensors, in this order."""
+        return tuple(c for g in (self.score_mod, self.mask_mod) if g is not None
+                     for c in g.captures)
+
+    @property
     def has_score_tensors(self) -> bool:
         """Whether the kernel reads tensors for its scores (the `score_tensors` argument): its
-        mods' captured tensors, its sink logits."""
-        return self.sinks or self.block_sparse or any(
-            g is not None and g.captures for g in (self.score_mod, self.mask_mod))
+        mods' captured tensors, its sink logits, its block lists."""
+        return bool(self.sinks or self.block_sparse or self.mod_captures)
 
     def _check_mods(self) -> None:
         for name in ("score_mod", "mask_mod"):

@@ -129,6 +129,7 @@ class FlashFwdBase:
         self.score_mod, self.mask_mod = key.score_mod, key.mask_mod
         self.has_mods = key.score_mod is not None or key.mask_mod is not None
         self.sinks = key.sinks
+        self.n_captures = len(key.mod_captures)  # the score tensors before the sink logits
         self.block_sparse = key.block_sparse
         self.rows = QueryRows(self.group)
         self.scheduler = SingleTileScheduler(cfg.block_m, key.causal, self.group, self.split_kv,
@@ -290,13 +291,8 @@ class FlashFwdBase:
         return RoundContext(thr, MaskCoords(thr.row_offsets, thr.col_offsets, query0, col0),
                             seqlen, keys.causal_offset, keys.n_block_max, loads, keys.n_block_min,
                             keys.n_block_total, keys.window_offset, window_edge, pre_scale, at,
-                            score_tensors[len(self._captures())] if self.sinks else None,
+                            score_tensors[self.n_captures] if self.sinks else None,
                             keys.blocks)
-
-    def _captures(self) -> tuple:
-        """The mods' captured tensors' descriptions, in slot order (the first score tensors)."""
-        graphs = (self.score_mod, self.mask_mod)
-        return tuple(c for g in graphs if g is not None for c in g.captures)
 
     def absorb_sinks(self, ctx: RoundContext, tile):
         """With sinks, after the last round: each row's sink logit (of its query head) joins

@@ -177,12 +177,7 @@ class FlashFwdTma(FlashFwdBase):
         warp0 = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0
         if warp0:
             with cute.arch.elect_one():
-                # Q, K and V: one arrival each (the expect_tx); empty: every thread
-                for i in cutlass.range_constexpr(bars.empty):
-                    cute.arch.mbarrier_init(bar_Q + i, 1)
-                for i in cutlass.range_constexpr(stages):
-                    cute.arch.mbarrier_init(bar_E + i, cfg.num_threads)
-                cute.arch.mbarrier_init_fence()
+                self._init_ring(bars, bar_Q, bar_E)
         cute.arch.barrier()
 
         if warp0:
@@ -235,11 +230,7 @@ class FlashFwdTma(FlashFwdBase):
         warp0 = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0
         if warp0:
             with cute.arch.elect_one():
-                for i in cutlass.range_constexpr(bars.empty):
-                    cute.arch.mbarrier_init(bar_Q + i, 1)
-                for i in cutlass.range_constexpr(stages):
-                    cute.arch.mbarrier_init(bar_E + i, cfg.num_threads)
-                cute.arch.mbarrier_init_fence()
+                self._init_ring(bars, bar_Q, bar_E)
                 cpasync.prefetch_descriptor(tma_atom_Q)
                 cpasync.prefetch_descriptor(tma_atom_K)
                 cpasync.prefetch_descriptor(tma_atom_V)
@@ -298,6 +289,17 @@ class FlashFwdTma(FlashFwdBase):
             done += 1
             n_prev = n_rounds
             t += step
+
+    @cute.jit
+    def _init_ring(self, bars: cutlass.Constexpr, bar_Q, bar_E):
+        """The mbarriers' counts, by one elected thread, then the fence that makes them
+        visible: Q, K and V full: one arrival each (the expect_tx); a stage's empty: every
+        thread."""
+        for i in cutlass.range_constexpr(bars.empty):
+            cute.arch.mbarrier_init(bar_Q + i, 1)
+        for i in cutlass.range_constexpr(self.kv_stages):
+            cute.arch.mbarrier_init(bar_E + i, self.cfg.num_threads)
+        cute.arch.mbarrier_init_fence()
 
     @cute.jit
     def _load_kv(self, ld: TmaLoads, round_index, n_block, tKgK=None, tVgV=None):
