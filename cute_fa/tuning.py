@@ -183,6 +183,13 @@ SM90_OVERLAP = True
 # 128, S = 8k; 647 vs 637 at 192), off at 256, where a warpgroup's two GEMMs are long enough
 # to hide its softmax alone (643 vs 617 at S = 8k, 565 vs 512 at 1k).
 SM90_PINGPONG = {64: True, 128: True, 192: True, 256: False}
+# (head_dim class, causal) whose kernel converts P two values at a time (`Sm90Key.packed_p`).
+# With `.to(dtype)` LLVM carries P into the next round as float32 (88 more registers at
+# block_n 176). On an H100 (docs/perf/2026-12-07-h200-sm90-tiles, outputs bitwise equal), by the
+# rule written before the runs, held in both: head_dim 192 and 256 1.02x-1.05x (geometric mean
+# per class), 128 0.99x-1.02x, 64 0.99x-1.00x (0.97x-0.98x on packed-GQA prefill); the rule's
+# one-row floor (0.97) failed once each at (128, causal) and (192, full).
+SM90_PACKED_P = frozenset({(128, False), (192, True), (256, False), (256, True)})
 
 
 # head_dim class -> (shortest, longest) query count of the calls whose wgmma kernel runs
@@ -239,8 +246,10 @@ def sm90_key(arch: str, dtype: str, head_dim: int, causal: bool, long: bool = Fa
     """The wgmma kernel's key: its tile (long: `sm90_long`'s), ring and schedule for this
     head_dim; features are `kernel_key`'s (window, softcap, ragged batch, lpt)."""
     cfg = sm90_tile(dtype, head_dim, causal, long)
+    cls = head_dim_class(head_dim)
     return Sm90Key(arch, causal, cfg, kv_stages=SM90_KV_STAGES, intra_wg_overlap=SM90_OVERLAP,
-                   pingpong=SM90_PINGPONG[head_dim_class(head_dim)], **features)
+                   pingpong=SM90_PINGPONG[cls], packed_p=(cls, causal) in SM90_PACKED_P,
+                   **features)
 
 
 def max_kv_stages(cfg: TileConfig, smem_budget: int, ctas_per_sm: int = 2, cap: int = 4) -> int:

@@ -12,7 +12,8 @@ from cute_fa.compile.registry import REGISTRY
 from cute_fa.compile.build import compile_kernel
 from cute_fa.compile.ptxas import ptxas_resources
 from cute_fa.layouts import TileConfig, wgmma
-from cute_fa.tuning import SM90_LONG_TILES, SM90_TILES, SMEM_BYTES, kernel_key
+from cute_fa.tuning import (SM90_LONG_TILES, SM90_PACKED_P, SM90_TILES, SMEM_BYTES,
+                             kernel_key)
 
 # every head_dim class, both dtypes, causal or not; and the features on top
 PLAIN = [(hd, dtype, causal) for hd in (64, 128, 192, 256) for dtype in ("bfloat16", "float16")
@@ -31,6 +32,10 @@ def _check(key):
     assert any(a == "{" for _, a in wgmmas), "no register-A (RS) wgmma for P V"
     assert "setmaxnreg.dec.sync.aligned.u32" in ptx and "setmaxnreg.inc.sync.aligned.u32" in ptx
     assert "mma.sync" not in ptx
+    # packed_p: P leaves S two values per conversion (`convert.pack_pairs`), as O always does
+    # (without it LLVM decides, and in the overlapped loop converts a value at a time)
+    if key.packed_p:
+        assert not re.search(r"cvt\.rn\.(?:bf16|f16)\.f32", ptx), "a value converted alone"
     # O leaves by one TMA store from stmatrix-written smem, but in ragged batches
     stored_by_tma = key.tma_store and not key.varlen_q
     assert bool(re.search(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx)) == stored_by_tma
@@ -71,6 +76,29 @@ def test_long_tiles(cls, causal, dtype):
                 kernel_key("sm_90a", dtype, cls, causal, "sm90", seqlen_q=start, softcap=True),
                 kernel_key("sm_90a", dtype, cls, causal, "sm90", seqlen_q=start, varlen=True)):
         assert shape(key) == SM90_TILES[cls, causal], key
+
+
+# tiles whose S and P need the registers the packed conversion frees: with P converted a value
+# at a time, ptxas spilled 212-232 bytes at 128 x 176 (head_dim 128). None of them measured
+# faster than SM90_TILES' (docs/perf/2026-12-07-h200-sm90-tiles); they stay compiled here as
+# the packed conversion's check on 11 and 12 k-steps of P
+WIDE_TILES = [(128, False, 176), (128, True, 176), (128, False, 192), (128, True, 192),
+              (64, False, 192), (64, True, 192)]
+
+
+@pytest.mark.parametrize("head_dim, causal, block_n", WIDE_TILES, ids=str)
+def test_wide_key_blocks_compile(head_dim, causal, block_n):
+    key = kernel_key("sm_90a", "bfloat16", head_dim, causal, "sm90")
+    _check(dataclasses.replace(key, packed_p=True, tile=TileConfig(
+        head_dim=head_dim, block_m=128, block_n=block_n, num_threads=256, dtype="bfloat16",
+        wgmma=True)))
+
+
+def test_packed_p_follows_the_table():
+    for cls in (64, 128, 192, 256):
+        for causal in (False, True):
+            key = kernel_key("sm_90a", "float16", cls, causal, "sm90", seqlen_q=4096)
+            assert key.packed_p == ((cls, causal) in SM90_PACKED_P)
 
 
 @pytest.mark.parametrize("head_dim", [32, 96, 160, 200])

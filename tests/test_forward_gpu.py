@@ -90,6 +90,24 @@ def test_forward_grid_other_arch_tiles(shape, tile_arch, backend):
         _grid_case(shape, backend)
 
 
+# the wgmma kernel on key blocks of 176 and 192 (head_dim, block_n; two consumer warpgroups),
+# whose P V runs 11 or 12 k-steps of P packed two values a register (`convert.pack_pairs`): the
+# tiles docs/perf/2026-12-07-h200-sm90-tiles measured (none faster than the tables')
+SM90_WIDE = [(64, 192), (128, 176), (128, 192)]
+
+
+@pytest.mark.parametrize("shape, block_n", [(s, n) for s in SHAPES for d, n in SM90_WIDE
+                                            if s[5] == d], ids=lambda x: str(x))
+def test_forward_grid_wide_sm90_tiles(shape, block_n):
+    from cute_fa.layouts import TileConfig
+    from cute_fa.runtime.plan import overriding
+
+    tile = TileConfig(head_dim=shape[5], block_m=128, block_n=block_n, num_threads=256,
+                      dtype=shape[7], wgmma=True)
+    with overriding(tile=tile, packed_p=True):
+        _grid_case(shape, "sm90")
+
+
 def _grid_case(shape, backend):
     import cute_fa
 

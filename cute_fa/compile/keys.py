@@ -173,7 +173,9 @@ class Sm90Key(KernelKey):
     turn. pack_gqa > 1: that many query heads of a K/V group (the call's whole group) share a
     tile, row r being query r // pack_gqa of head r % pack_gqa, so a K/V tile is read once per
     group and a causal diagonal spans block_m / pack_gqa queries; Q and O still move by TMA,
-    one box of whole groups (`layouts.tma.tma_view`), so pack_gqa divides block_m."""
+    one box of whole groups (`layouts.tma.tma_view`), so pack_gqa divides block_m. packed_p:
+    P leaves S two values per conversion into one register (`kernels.common.convert`); False:
+    `.to(dtype)`, which LLVM moves into the next round, carrying P there as float32."""
 
     kv_stages: int = 2
     intra_wg_overlap: bool = True
@@ -181,6 +183,7 @@ class Sm90Key(KernelKey):
     tma_store: bool = True
     persistent: int = 0
     pack_gqa: int = 1
+    packed_p: bool = False
     backend: ClassVar[str] = "sm90"
 
     def __post_init__(self):

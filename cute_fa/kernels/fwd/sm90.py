@@ -39,7 +39,7 @@ from ...compile.keys import Sm90Key
 from ...layouts import ring, smem, tma, wgmma
 from ...layouts._types import cutlass_dtype
 from ...layouts.config import SM90_SMEM_BYTES
-from ..common import epilogue
+from ..common import convert, epilogue
 from .base import FlashFwdBase, RoundContext
 from ..common.softmax import score_scales
 from ..common.thread_wgmma import ThreadWgmma, gemm, thread_wgmma
@@ -68,6 +68,7 @@ class FlashFwdSm90(FlashFwdBase):
         self.tma_store = key.tma_store and not key.varlen_q
         self.persistent = key.persistent
         self.dynamic = key.dynamic_tiles
+        self.packed_p = key.packed_p
         self.bars = ring.PipelineBarriers(key.kv_stages, q_empty=bool(key.persistent))
         if key.persistent:
             cfg = key.tile
@@ -430,6 +431,13 @@ class FlashFwdSm90(FlashFwdBase):
                 cute.copy(atom, src[None, n_block], dst[None, stage],
                           tma_bar_ptr=mbar + full + stage)
 
+    def _to_p(self, acc_S, rP):
+        """P = S in 16 bits, into the P V operand's registers (`Sm90Key.packed_p`)."""
+        if cutlass.const_expr(self.packed_p):
+            convert.pack_pairs(acc_S, rP)
+        else:
+            rP.store(acc_S.load().to(rP.element_type))
+
     @staticmethod
     def _round(i, base):
         """The ring's round of a tile's round i: base + i (base None: i, the one tile's)."""
@@ -501,7 +509,7 @@ class FlashFwdSm90(FlashFwdBase):
             warpgroup.wait_group(0)
             self._release(mbar + bars.k_empty + slot[0])
             self._scores(ctx, acc_S, wgmma.acc_rowcol_layout, ctx.n_block_max - 1, True)
-            rP.store(acc_S.load().to(dtype))
+            self._to_p(acc_S, rP)
             for i in range(1, n_rounds, 1):
                 slot, prev = self._slot(i, base), self._slot(i - 1, base)
                 acc_S = self._issue_s(thr, mbar, slot, wg)
@@ -514,7 +522,7 @@ class FlashFwdSm90(FlashFwdBase):
                 warpgroup.wait_group(0)
                 self._release(mbar + bars.v_empty + prev[0])
                 thr.softmax.rescale_O(thr.acc_O_mn, scale)
-                rP.store(acc_S.load().to(dtype))
+                self._to_p(acc_S, rP)
             last = self._slot(n_rounds - 1, base)
             self._issue_pv(thr, mbar, tOrP, last)
             warpgroup.wait_group(0)
@@ -529,7 +537,7 @@ class FlashFwdSm90(FlashFwdBase):
                 scale = self._scores(ctx, acc_S, wgmma.acc_rowcol_layout,
                                      ctx.n_block_max - 1 - i, self._masked_round(ctx, i))
                 thr.softmax.rescale_O(thr.acc_O_mn, scale)
-                rP.store(acc_S.load().to(dtype))
+                self._to_p(acc_S, rP)
                 self._issue_pv(thr, mbar, tOrP, slot)
                 warpgroup.wait_group(0)
                 self._release(mbar + bars.v_empty + slot[0])
