@@ -13,7 +13,7 @@ import cute_fa  # noqa: E402
 from launch_recording import launches  # noqa: E402,F401  (a fixture)
 from launch_recording import named_arguments  # noqa: E402
 
-from cute_fa.mods.block_mask import create_block_mask  # noqa: E402
+from cute_fa.mods.block_mask import create_block_mask, kernel_tile  # noqa: E402
 
 DOCS = torch.sort(torch.randint(0, 5, (2, 1000), generator=torch.Generator().manual_seed(0)),
                   dim=1).values
@@ -36,9 +36,11 @@ def test_kernel_blocks_cover_every_kept_score(mask, heads, tile, block_size):
     bm = create_block_mask(mask, 2, heads, 1000, 900, block_size=block_size)
     kept = bm.dense()
     block_m, block_n = tile
-    counts, indices = bm.kernel_blocks(block_m, block_n, 2, 3)
+    counts, listed = bm.kernel_blocks(block_m, block_n, 2, 3)
+    indices, whole = kernel_tile(listed)
     assert counts.shape == (2, 3, -(-1000 // block_m)) and counts.dtype == torch.int32
     assert indices.shape == counts.shape + (-(-900 // block_n),)
+    assert not whole[counts[..., None] <= torch.arange(whole.shape[-1])].any()
     bq, bk = (block_size, block_size) if isinstance(block_size, int) else block_size
     touched = (bm.kv_num_blocks[..., None] > torch.arange(bm.kv_indices.shape[-1])) | \
         (bm.full_kv_num_blocks[..., None] > torch.arange(bm.kv_indices.shape[-1]))
@@ -52,6 +54,10 @@ def test_kernel_blocks_cover_every_kept_score(mask, heads, tile, block_size):
                 need = {j for j in range(indices.shape[-1])
                         if kept[b, hb, rows, j * block_n:(j + 1) * block_n].any()}
                 assert need <= set(got), (b, h, m)
+                for j, w in zip(got, whole[b, h, m, :counts[b, h, m]].tolist()):
+                    # a tile listed whole keeps every score of its rows and keys
+                    scores = kept[b, hb, rows, j * block_n:(j + 1) * block_n]
+                    assert not w or bool(scores.all()), (b, h, m, j)
                 torch_rows = range(m * block_m // bq, min(-(-(m + 1) * block_m // bq),
                                                           touched.shape[2]))
                 for j in got:  # a listed tile meets a listed block
@@ -59,6 +65,28 @@ def test_kernel_blocks_cover_every_kept_score(mask, heads, tile, block_size):
                     assert any(touched[b, hb, r, bm.kv_indices[b, hb, r] == c].any()
                                or touched[b, hb, r, bm.full_kv_indices[b, hb, r] == c].any()
                                for r in torch_rows for c in cols if c < touched.shape[3])
+
+
+@pytest.mark.parametrize("tile", [(128, 128), (64, 64), (128, 256), (192, 112)])
+def test_full_tiles_are_listed_whole(tile):
+    """Causal on blocks of 128, 1000 positions: a kernel tile is listed whole (the kernel skips
+    its mask_mod) exactly where every block it meets is full, strictly below the diagonal and
+    inside the sequences (the last block row and column hold padding: partial)."""
+    bm = create_block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 1000, 1000)
+    block_m, block_n = tile
+    counts, listed = bm.kernel_blocks(block_m, block_n, 1, 1)
+    indices, whole = kernel_tile(listed)
+    full_rows = 1000 // 128  # block rows 0 ... 6 hold no padding
+    for m in range(counts.shape[2]):
+        got = dict(zip(indices[0, 0, m, :counts[0, 0, m]].tolist(),
+                       whole[0, 0, m, :counts[0, 0, m]].tolist()))
+        r0, r1 = m * block_m // 128, (min((m + 1) * block_m, 1000) - 1) // 128
+        assert sorted(got) == [j for j in range(-(-1000 // block_n))
+                               if j * block_n < (r1 + 1) * 128], m
+        for j, w in got.items():
+            c1 = (min((j + 1) * block_n, 1000) - 1) // 128
+            assert w == (c1 < r0 and r1 < full_rows), (m, j)
+    assert whole.any()
 
 
 def test_kernel_blocks_are_kept_per_tile():

@@ -91,3 +91,45 @@ def test_backward_compiles_with_mods(arch, head_dim):
     wgmma = bwd_keys("sm_90a", "bfloat16", head_dim, True, backend="sm90")[1]
     with pytest.raises(ValueError, match="takes no score_mod"):
         dataclasses.replace(wgmma, mask_mod=mask)
+
+
+@pytest.mark.parametrize("arch, backend", [("sm_80", "sm80"), ("sm_90a", "sm90")])
+@pytest.mark.parametrize("mods", ["alibi_document", "bool_blocks"])
+def test_block_sparse_kernels_compile(mods, arch, backend):
+    """The block-sparse kernels (a block mask's key tile lists, `Sm80Key`/`Sm90Key.block_sparse`)
+    compile within tuning.MOD_SPILL_BUDGET with a mask_mod, which runs on the tiles the list
+    does not mark whole, beside a score_mod that runs on every tile."""
+    import dataclasses
+
+    from cute_fa.compile.build import compile_kernel
+    from cute_fa.compile.ptxas import ptxas_resources
+    from cute_fa.tuning import MOD_SPILL_BUDGET, kernel_key
+
+    score_fn, mask_fn = KERNEL_MODS[mods]
+    key = dataclasses.replace(
+        kernel_key(arch, "bfloat16", 128, False, backend), block_sparse=True,
+        score_mod=trace_score_mod(score_fn)[0] if score_fn else None,
+        mask_mod=trace_mask_mod(mask_fn)[0])
+    res = ptxas_resources(compile_kernel(key, keep_ptx=True).__ptx__, arch)
+    assert res["spill_stores"] <= MOD_SPILL_BUDGET and res["spill_loads"] <= MOD_SPILL_BUDGET, \
+        res["log"]
+
+
+def test_softcap_mod_runs_the_builtins_tanh():
+    """A softcap written as a score_mod (tanh(s / c) * c) compiles to the built-in softcap's
+    tanh.approx and a multiply by 1 / c: no IEEE division, no exact tanh's exponentials."""
+    import dataclasses
+
+    from cute_fa.compile.build import compile_kernel
+    from cute_fa.tuning import kernel_key
+
+    def softcap(s, b, h, q, kv):
+        return __import__("torch").tanh(s / 20.0) * 20.0
+
+    plain = kernel_key("sm_90a", "bfloat16", 128, False, "sm90")
+    ptx = compile_kernel(dataclasses.replace(plain, score_mod=trace_score_mod(softcap)[0]),
+                         keep_ptx=True).__ptx__
+    plain_ptx = compile_kernel(plain, keep_ptx=True).__ptx__
+    assert "tanh.approx.f32" in ptx
+    for op in (r"\bdiv\.rn\.f32", r"\bex2\.approx"):
+        assert len(re.findall(op, ptx)) == len(re.findall(op, plain_ptx)), op

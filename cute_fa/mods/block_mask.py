@@ -57,8 +57,10 @@ class BlockMask:
         """(counts int32 (batch, heads, query tiles), indices int32 (..., key tiles)): for a
         kernel of block_m x block_n tiles, the key tiles each query tile visits, ascending,
         then the others (`_ordered`): every tile that overlaps a full or partial block of
-        this mask. Broadcast over batch and heads where the mask has one; no host sync. Kept
-        per tile and shape: the mask's tensors must not change in place after a first call."""
+        this mask. A tile that meets full blocks alone, every score of it kept, is listed as
+        -(j + 1) (`kernel_tile`): the kernel skips the mask_mod there. Broadcast over batch
+        and heads where the mask has one; no host sync. Kept per tile and shape: the mask's
+        tensors must not change in place after a first call."""
         held = self._tiles.get((block_m, block_n, batch, heads))
         if held is not None:
             return held
@@ -71,11 +73,19 @@ class BlockMask:
         cols = _overlap(-(-self.seqlen_k // block_n), block_n, k_blocks, bk, self.seqlen_k,
                         kept.device)
         tiles = (rows @ kept.to(torch.float32) @ cols.T) > 0
+        full = _listed(self.full_kv_num_blocks, self.full_kv_indices, k_blocks)
+        whole = (rows @ (~full).to(torch.float32) @ cols.T) == 0
         counts, indices = _ordered(tiles)
+        indices = torch.where(whole.gather(-1, indices.long()), -indices - 1, indices)
         shape = (batch, heads) + tuple(counts.shape[2:])
         held = counts.expand(shape), indices.expand(shape + indices.shape[-1:])
         self._tiles[(block_m, block_n, batch, heads)] = held
         return held
+
+
+def kernel_tile(listed: torch.Tensor) -> tuple:
+    """(key tile, whether every score of it is kept) of `BlockMask.kernel_blocks`' entries."""
+    return torch.where(listed < 0, -listed - 1, listed), listed < 0
 
 
 def _overlap(tiles: int, tile: int, blocks: int, block: int, length: int, device) -> torch.Tensor:

@@ -29,8 +29,14 @@ def _floor_mod(a, b):
     return cutlass.select_((r != 0) & ((r < 0) != (b < 0)), r + b, r)
 
 
-_UNARY = {"neg": lambda a: -a, "abs": abs, "exp": cute.math.exp, "tanh": cute.math.tanh,
-          "sigmoid": lambda a: 1.0 / (1.0 + cute.math.exp(-a)), "not": lambda a: ~a}
+# exp and tanh as the hardware's approximations (ex2.approx, tanh.approx.f32: relative errors
+# of about 2^-22 and 2^-11), the built-in softcap's tanh: the exact ones cost a score_mod
+# written as a softcap 2.6x the built-in's time (docs/perf/2026-12-06-mods/)
+_UNARY = {"neg": lambda a: -a, "abs": abs,
+          "exp": lambda a: cute.math.exp(a, fastmath=True),
+          "tanh": lambda a: cute.math.tanh(a, fastmath=True),
+          "sigmoid": lambda a: 1.0 / (1.0 + cute.math.exp(-a, fastmath=True)),
+          "not": lambda a: ~a}
 _BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
            "div": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": _floor_mod,
            "minimum": lambda a, b: cutlass.select_(b < a, b, a),
@@ -61,6 +67,9 @@ def emit(graph, leaves: dict, captured: tuple):
             value = cutlass.select_(c, _CAST[node.kind](a), _CAST[node.kind](b))
         elif node.op in _UNARY:
             value = _UNARY[node.op](_CAST[node.kind](values[node.args[0]]))
+        elif node.op == "div" and node.args[1].op == "const" and node.args[1].value != 0:
+            # by a constant (softcap's score / c): one multiply, not an IEEE division
+            value = _CAST[FLOAT](values[node.args[0]]) * cutlass.Float32(1.0 / node.args[1].value)
         else:
             a, b = (_CAST[node.operand_kind](values[x]) for x in node.args)
             value = _BINARY[node.op](a, b)
@@ -88,6 +97,15 @@ class TileCoords:
     row_offsets: tuple
     col_offsets: tuple
     query0: object
+
+
+def split_args(at: ModArgs, score_mod) -> tuple:
+    """(the score_mod's ModArgs, the mask_mod's): the same tile, each with its own captures,
+    for a kernel that runs the two mods apart."""
+    n_score = len(score_mod.captures) if score_mod is not None else 0
+    captures = at.captures if at.captures is not None else ()
+    return (ModArgs(at.batch, at.head0, captures[:n_score]),
+            ModArgs(at.batch, at.head0, captures[n_score:]))
 
 
 def reads_captures(graph) -> bool:

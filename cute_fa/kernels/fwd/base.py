@@ -270,8 +270,12 @@ class FlashFwdBase:
 
     @staticmethod
     def real_block(blocks, n_block):
-        """Key block of round block n_block: itself, or in a block-sparse tile the list's."""
-        return n_block if blocks is None else blocks[n_block]
+        """Key block of round block n_block: itself, or in a block-sparse tile the list's
+        (an entry -(j + 1) is block j, every score of it kept: `BlockMask.kernel_blocks`)."""
+        if blocks is None:
+            return n_block
+        listed = blocks[n_block]
+        return cutlass.select_(listed < 0, ~listed, listed)
 
     def _context(self, thr: ThreadMma, m_block, seqlen: SeqlenInfo, keys: KeyRange, loads,
                  warp=None, pre_scale=None, tile=None, score_tensors=None) -> RoundContext:
@@ -364,11 +368,21 @@ class FlashFwdBase:
         if cutlass.const_expr(self.softcap):
             mask.apply_softcap(acc_S, ctx.pre_scale)
         acc_S_mn = cute.make_tensor(acc_S.iterator, rowcol(acc_S.layout))
+        listed = n_block
         n_block = self.real_block(ctx.blocks, n_block)
-        if cutlass.const_expr(self.has_mods):
-            mods.apply_mods(acc_S_mn, ctx.mask_at, n_block * self.cfg.block_n + ctx.mask_at.col0,
-                            self.rows, ctx.seqlen, ctx.mods, self.score_mod, self.mask_mod,
-                            ctx.pre_scale)
+        key0 = n_block * self.cfg.block_n + ctx.mask_at.col0
+        if cutlass.const_expr(self.block_sparse and self.mask_mod is not None):
+            # a block mask's full tiles (listed negative) keep every score: no mask_mod there
+            score_at, mask_at = mods.split_args(ctx.mods, self.score_mod)
+            if cutlass.const_expr(self.score_mod is not None):
+                mods.apply_mods(acc_S_mn, ctx.mask_at, key0, self.rows, ctx.seqlen, score_at,
+                                self.score_mod, None, ctx.pre_scale)
+            if ctx.blocks[listed] >= 0:
+                mods.apply_mods(acc_S_mn, ctx.mask_at, key0, self.rows, ctx.seqlen, mask_at,
+                                None, self.mask_mod, ctx.pre_scale)
+        elif cutlass.const_expr(self.has_mods):
+            mods.apply_mods(acc_S_mn, ctx.mask_at, key0, self.rows, ctx.seqlen, ctx.mods,
+                            self.score_mod, self.mask_mod, ctx.pre_scale)
         if masked:
             at = ctx.mask_at
             mask.apply_mask(acc_S_mn, at.row_offsets, at.col_offsets, at.query0,
