@@ -185,7 +185,7 @@ SM90_OVERLAP = True
 SM90_PINGPONG = {64: True, 128: True, 192: True, 256: False}
 # (head_dim class, causal) whose kernel converts P two values at a time (`Sm90Key.packed_p`).
 # With `.to(dtype)` LLVM carries P into the next round as float32 (88 more registers at
-# block_n 176). On an H100 (docs/perf/2026-12-07-h200-sm90-tiles, outputs bitwise equal), by the
+# block_n 176). On an H100 (docs/perf/2026-12-06-h100-sm90-tiles, outputs bitwise equal), by the
 # rule written before the runs, held in both: head_dim 192 and 256 1.02x-1.05x (geometric mean
 # per class), 128 0.99x-1.02x, 64 0.99x-1.00x (0.97x-0.98x on packed-GQA prefill); the rule's
 # one-row floor (0.97) failed once each at (128, causal) and (192, full).

@@ -80,7 +80,7 @@ def test_long_tiles(cls, causal, dtype):
 
 # tiles whose S and P need the registers the packed conversion frees: with P converted a value
 # at a time, ptxas spilled 212-232 bytes at 128 x 176 (head_dim 128). None of them measured
-# faster than SM90_TILES' (docs/perf/2026-12-07-h200-sm90-tiles); they stay compiled here as
+# faster than SM90_TILES' (docs/perf/2026-12-06-h100-sm90-tiles); they stay compiled here as
 # the packed conversion's check on 11 and 12 k-steps of P
 WIDE_TILES = [(128, False, 176), (128, True, 176), (128, False, 192), (128, True, 192),
               (64, False, 192), (64, True, 192)]

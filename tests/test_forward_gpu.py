@@ -92,7 +92,7 @@ def test_forward_grid_other_arch_tiles(shape, tile_arch, backend):
 
 # the wgmma kernel on key blocks of 176 and 192 (head_dim, block_n; two consumer warpgroups),
 # whose P V runs 11 or 12 k-steps of P packed two values a register (`convert.pack_pairs`): the
-# tiles docs/perf/2026-12-07-h200-sm90-tiles measured (none faster than the tables')
+# tiles docs/perf/2026-12-06-h100-sm90-tiles measured (none faster than the tables')
 SM90_WIDE = [(64, 192), (128, 176), (128, 192)]
 
 

@@ -6,7 +6,7 @@
 #   run.sh b    part b of the DSL, the wgmma forward's GPU tests, the A/B's compiles
 #   run.sh 1    A/B run 1, with the peers;   run.sh 2   A/B run 2 (cute_fa's variants alone)
 set -uo pipefail
-here=docs/perf/2026-12-07-h200-sm90-tiles
+here=docs/perf/2026-12-06-h100-sm90-tiles
 [ "$1" = b ] && { bash .devpkgs/b/install.sh || exit 1; }
 . /opt/cutedsl/env.sh
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 CUTE_FA_CACHE_DIR=/tmp/cfa
