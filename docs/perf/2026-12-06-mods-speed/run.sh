@@ -4,8 +4,8 @@
 # $OUT; the compile cache (/tmp/cfa) is shared across the calls.
 #   run.sh tests  part b of the DSL; the mods' GPU tests (block masks' whole tiles, the
 #                 approximate exp/tanh) and the wgmma forward's (SM90_PACKED_P's kernels)
-#   run.sh bench  the mods against FlexAttention and the built-ins (../2026-12-06-mods/
-#                 bench_mods.py, unchanged) at S 1k, 4k and 16k
+#   run.sh bench [SEQLENS]  the mods against FlexAttention and the built-ins
+#                 (../2026-12-06-mods/bench_mods.py, unchanged), at S 1k, 4k and 16k by default
 set -uo pipefail
 [ "$1" = tests ] && { bash .devpkgs/b/install.sh || exit 1; }
 . /opt/cutedsl/env.sh
@@ -15,14 +15,15 @@ case $1 in
   tests)
     nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > "$OUT"/env.txt
     python -c "import torch; print(torch.__version__, torch.version.cuda)" >> "$OUT"/env.txt
-    timeout 300 $pytest tests/test_mod_probe_gpu.py tests/test_mods_gpu.py \
+    timeout 240 $pytest tests/test_mod_probe_gpu.py tests/test_mods_gpu.py \
       > "$OUT"/mods_gpu_tests.log 2>&1
     tail -3 "$OUT"/mods_gpu_tests.log
-    timeout 200 $pytest tests/test_forward_gpu.py -k "sm90 or persistent_forward" \
+    timeout 150 $pytest tests/test_forward_gpu.py -k "sm90 or persistent_forward" \
       tests/test_pack_gqa_gpu.py tests/test_varlen_gpu.py > "$OUT"/sm90_gpu_tests.log 2>&1
     tail -3 "$OUT"/sm90_gpu_tests.log ;;
   bench)
-    timeout 560 python docs/perf/2026-12-06-mods/bench_mods.py "$OUT" 1024,4096,16384 \
+    timeout ${BENCH_S:-560} python docs/perf/2026-12-06-mods/bench_mods.py "$OUT" \
+      ${2:-1024,4096,16384} \
       bench_mods > "$OUT"/bench_mods.log 2>&1
     tail -20 "$OUT"/bench_mods.log ;;
 esac
