@@ -15,10 +15,10 @@ case $1 in
   tests)
     nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > "$OUT"/env.txt
     python -c "import torch; print(torch.__version__, torch.version.cuda)" >> "$OUT"/env.txt
-    timeout 240 $pytest tests/test_mod_probe_gpu.py tests/test_mods_gpu.py \
+    timeout ${MODS_S:-240} $pytest tests/test_mod_probe_gpu.py tests/test_mods_gpu.py \
       > "$OUT"/mods_gpu_tests.log 2>&1
     tail -3 "$OUT"/mods_gpu_tests.log
-    timeout 150 $pytest tests/test_forward_gpu.py -k "sm90 or persistent_forward" \
+    timeout ${SM90_S:-150} $pytest tests/test_forward_gpu.py -k "sm90 or persistent_forward" \
       tests/test_pack_gqa_gpu.py tests/test_varlen_gpu.py > "$OUT"/sm90_gpu_tests.log 2>&1
     tail -3 "$OUT"/sm90_gpu_tests.log ;;
   bench)
