@@ -36,8 +36,9 @@ def test_kernel_blocks_cover_every_kept_score(mask, heads, tile, block_size):
     bm = create_block_mask(mask, 2, heads, 1000, 900, block_size=block_size)
     kept = bm.dense()
     block_m, block_n = tile
-    counts, listed = bm.kernel_blocks(block_m, block_n, 2, 3)
+    counts, listed = bm.kernel_blocks(block_m, block_n, 2, 3, whole=True)
     indices, whole = kernel_tile(listed)
+    assert torch.equal(bm.kernel_blocks(block_m, block_n, 2, 3, whole=False)[1], indices)
     assert counts.shape == (2, 3, -(-1000 // block_m)) and counts.dtype == torch.int32
     assert indices.shape == counts.shape + (-(-900 // block_n),)
     assert not whole[counts[..., None] <= torch.arange(whole.shape[-1])].any()
@@ -74,7 +75,7 @@ def test_full_tiles_are_listed_whole(tile):
     inside the sequences (the last block row and column hold padding: partial)."""
     bm = create_block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 1000, 1000)
     block_m, block_n = tile
-    counts, listed = bm.kernel_blocks(block_m, block_n, 1, 1)
+    counts, listed = bm.kernel_blocks(block_m, block_n, 1, 1, whole=True)
     indices, whole = kernel_tile(listed)
     full_rows = 1000 // 128  # block rows 0 ... 6 hold no padding
     for m in range(counts.shape[2]):

@@ -115,13 +115,17 @@ def test_block_sparse_kernels_compile(mods, arch, backend):
         res["log"]
 
 
-def test_softcap_mod_runs_the_builtins_tanh():
-    """A softcap written as a score_mod (tanh(s / c) * c) compiles to the built-in softcap's
-    tanh.approx and a multiply by 1 / c: no IEEE division, no exact tanh's exponentials."""
+def test_softcap_mod_runs_the_builtins_tanh(monkeypatch):
+    """With `kernels.common.mods.FASTMATH`, a softcap written as a score_mod (tanh(s / c) * c)
+    compiles to the built-in softcap's tanh.approx and a multiply by 1 / c: no IEEE division,
+    no exact tanh's exponentials."""
     import dataclasses
 
+    import cute_fa.kernels.common.mods as kernel_mods
     from cute_fa.compile.build import compile_kernel
     from cute_fa.tuning import kernel_key
+
+    monkeypatch.setattr(kernel_mods, "FASTMATH", True)
 
     def softcap(s, b, h, q, kv):
         return __import__("torch").tanh(s / 20.0) * 20.0

@@ -16,6 +16,13 @@ from .dense import evaluate, index_grid
 from .trace import trace_mask_mod
 
 
+# Whether `BlockMask.kernel_blocks` marks the tiles inside full blocks, whose mask_mod the
+# kernels then skip (as FlexAttention skips its full blocks'). The kernels read both forms;
+# compiled and checked on the CPU, off until the GPU tests and timing of
+# docs/perf/2026-12-06-mods-speed/run.sh.
+WHOLE_TILES = False
+
+
 @dataclass(frozen=True)
 class BlockMask:
     """kv_num_blocks, full_kv_num_blocks: int32 (batch, heads, query blocks); kv_indices,
@@ -53,15 +60,18 @@ class BlockMask:
                                        self.seqlen_k, partial.device))
 
 
-    def kernel_blocks(self, block_m: int, block_n: int, batch: int, heads: int) -> tuple:
+    def kernel_blocks(self, block_m: int, block_n: int, batch: int, heads: int,
+                      whole: bool | None = None) -> tuple:
         """(counts int32 (batch, heads, query tiles), indices int32 (..., key tiles)): for a
         kernel of block_m x block_n tiles, the key tiles each query tile visits, ascending,
         then the others (`_ordered`): every tile that overlaps a full or partial block of
-        this mask. A tile that meets full blocks alone, every score of it kept, is listed as
-        -(j + 1) (`kernel_tile`): the kernel skips the mask_mod there. Broadcast over batch
-        and heads where the mask has one; no host sync. Kept per tile and shape: the mask's
-        tensors must not change in place after a first call."""
-        held = self._tiles.get((block_m, block_n, batch, heads))
+        this mask. With whole (None: WHOLE_TILES), a tile that meets full blocks alone, every
+        score of it kept, is listed as -(j + 1) (`kernel_tile`): the kernels skip the
+        mask_mod there. Broadcast over batch and heads where the mask has one; no host sync.
+        Kept per tile and shape: the mask's tensors must not change in place after a first
+        call."""
+        whole = WHOLE_TILES if whole is None else whole
+        held = self._tiles.get((block_m, block_n, batch, heads, whole))
         if held is not None:
             return held
         bq, bk = self.block_size
@@ -73,13 +83,14 @@ class BlockMask:
         cols = _overlap(-(-self.seqlen_k // block_n), block_n, k_blocks, bk, self.seqlen_k,
                         kept.device)
         tiles = (rows @ kept.to(torch.float32) @ cols.T) > 0
-        full = _listed(self.full_kv_num_blocks, self.full_kv_indices, k_blocks)
-        whole = (rows @ (~full).to(torch.float32) @ cols.T) == 0
         counts, indices = _ordered(tiles)
-        indices = torch.where(whole.gather(-1, indices.long()), -indices - 1, indices)
+        if whole:
+            full = _listed(self.full_kv_num_blocks, self.full_kv_indices, k_blocks)
+            kept_whole = (rows @ (~full).to(torch.float32) @ cols.T) == 0
+            indices = torch.where(kept_whole.gather(-1, indices.long()), -indices - 1, indices)
         shape = (batch, heads) + tuple(counts.shape[2:])
         held = counts.expand(shape), indices.expand(shape + indices.shape[-1:])
-        self._tiles[(block_m, block_n, batch, heads)] = held
+        self._tiles[(block_m, block_n, batch, heads, whole)] = held
         return held
 
 

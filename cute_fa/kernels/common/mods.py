@@ -29,13 +29,17 @@ def _floor_mod(a, b):
     return cutlass.select_((r != 0) & ((r < 0) != (b < 0)), r + b, r)
 
 
-# exp and tanh as the hardware's approximations (ex2.approx, tanh.approx.f32: relative errors
-# of about 2^-22 and 2^-11), the built-in softcap's tanh: the exact ones cost a score_mod
-# written as a softcap 2.6x the built-in's time (docs/perf/2026-12-06-mods/)
+# FASTMATH: exp and tanh as the hardware's approximations (ex2.approx, tanh.approx.f32:
+# relative errors of about 2^-22 and 2^-11; the built-in softcap's tanh) and a division by a
+# constant as a multiply. The exact ones cost a score_mod written as a softcap 2.6x the
+# built-in's time (docs/perf/2026-12-06-mods/). Compiled and checked on the CPU
+# (tests/test_compile_mods.py); off until its GPU tests and timing run
+# (docs/perf/2026-12-06-mods-speed/run.sh).
+FASTMATH = False
 _UNARY = {"neg": lambda a: -a, "abs": abs,
-          "exp": lambda a: cute.math.exp(a, fastmath=True),
-          "tanh": lambda a: cute.math.tanh(a, fastmath=True),
-          "sigmoid": lambda a: 1.0 / (1.0 + cute.math.exp(-a, fastmath=True)),
+          "exp": lambda a: cute.math.exp(a, fastmath=FASTMATH),
+          "tanh": lambda a: cute.math.tanh(a, fastmath=FASTMATH),
+          "sigmoid": lambda a: 1.0 / (1.0 + cute.math.exp(-a, fastmath=FASTMATH)),
           "not": lambda a: ~a}
 _BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
            "div": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": _floor_mod,
@@ -67,7 +71,8 @@ def emit(graph, leaves: dict, captured: tuple):
             value = cutlass.select_(c, _CAST[node.kind](a), _CAST[node.kind](b))
         elif node.op in _UNARY:
             value = _UNARY[node.op](_CAST[node.kind](values[node.args[0]]))
-        elif node.op == "div" and node.args[1].op == "const" and node.args[1].value != 0:
+        elif (FASTMATH and node.op == "div" and node.args[1].op == "const"
+              and node.args[1].value != 0):
             # by a constant (softcap's score / c): one multiply, not an IEEE division
             value = _CAST[FLOAT](values[node.args[0]]) * cutlass.Float32(1.0 / node.args[1].value)
         else:

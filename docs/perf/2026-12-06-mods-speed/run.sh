@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # This run's device calls, from the repo root on one warm machine, after part a of the DSL is
 # staged in two calls (docs/perf/2026-12-06-cpu-bwd-persistent/stage_split.sh). Logs go to
-# $OUT; the compile cache (/tmp/cfa) is shared across the calls.
+# $OUT; the compile cache (/tmp/cfa) is shared across the calls. It measures the two switches
+# this folder's README names: set both True in the tree (and commit) before the calls.
 #   run.sh tests  part b of the DSL; the mods' GPU tests (block masks' whole tiles, the
 #                 approximate exp/tanh) and the wgmma forward's (SM90_PACKED_P's kernels)
 #   run.sh bench [SEQLENS]  the mods against FlexAttention and the built-ins
