@@ -128,8 +128,7 @@ def apply_mods(acc_S_mn: cute.Tensor, coords, key0, rows, seqlen, at: ModArgs, s
     the offsets and graphs are compile-time values). The backward's: score_grad (d score_mod /
     d score, `mods.grad.score_derivative`) evaluated at the same score into grad_mn."""
     clamp = reads_captures(score_mod) or reads_captures(mask_mod)
-    n_score = len(score_mod.captures) if score_mod is not None else 0
-    captures = at.captures if at.captures is not None else ()
+    score_at, mask_at = split_args(at, score_mod)
     for r in range(len(coords.row_offsets)):
         row = coords.query0 + coords.row_offsets[r]
         q_idx = rows.query(row)
@@ -144,8 +143,8 @@ def apply_mods(acc_S_mn: cute.Tensor, coords, key0, rows, seqlen, at: ModArgs, s
             if score_mod is not None:
                 score = dict(leaves, score=acc_S_mn[r, c] * pre_scale)
                 if score_grad is not None:
-                    grad_mn[r, c] = emit(score_grad, score, captures[:n_score])
-                acc_S_mn[r, c] = emit(score_mod, score, captures[:n_score])
+                    grad_mn[r, c] = emit(score_grad, score, score_at.captures)
+                acc_S_mn[r, c] = emit(score_mod, score, score_at.captures)
             if mask_mod is not None:
-                keep = emit(mask_mod, leaves, captures[n_score:])
+                keep = emit(mask_mod, leaves, mask_at.captures)
                 acc_S_mn[r, c] = cutlass.select_(keep, acc_S_mn[r, c], -cutlass.Float32.inf)

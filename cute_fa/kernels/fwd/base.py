@@ -269,13 +269,17 @@ class FlashFwdBase:
                               self.block_info.n_block_max(seqlen, tile.m_block, causal_offset))
 
     @staticmethod
-    def real_block(blocks, n_block):
-        """Key block of round block n_block: itself, or in a block-sparse tile the list's
-        (an entry -(j + 1) is block j, every score of it kept: `BlockMask.kernel_blocks`)."""
-        if blocks is None:
-            return n_block
+    def listed_block(blocks, n_block):
+        """(key block, whether the mask_mod must run on it) of round block n_block in a
+        block-sparse tile's list: an entry -(j + 1) is block j with every score kept
+        (`BlockMask.kernel_blocks`)."""
         listed = blocks[n_block]
-        return cutlass.select_(listed < 0, ~listed, listed)
+        return cutlass.select_(listed < 0, ~listed, listed), listed >= 0
+
+    @staticmethod
+    def real_block(blocks, n_block):
+        """Key block of round block n_block: itself, or in a block-sparse tile the list's."""
+        return n_block if blocks is None else FlashFwdBase.listed_block(blocks, n_block)[0]
 
     def _context(self, thr: ThreadMma, m_block, seqlen: SeqlenInfo, keys: KeyRange, loads,
                  warp=None, pre_scale=None, tile=None, score_tensors=None) -> RoundContext:
@@ -372,12 +376,12 @@ class FlashFwdBase:
         n_block = self.real_block(ctx.blocks, n_block)
         key0 = n_block * self.cfg.block_n + ctx.mask_at.col0
         if cutlass.const_expr(self.block_sparse and self.mask_mod is not None):
-            # a block mask's full tiles (listed negative) keep every score: no mask_mod there
+            # a block mask's full tiles keep every score: no mask_mod there
             score_at, mask_at = mods.split_args(ctx.mods, self.score_mod)
             if cutlass.const_expr(self.score_mod is not None):
                 mods.apply_mods(acc_S_mn, ctx.mask_at, key0, self.rows, ctx.seqlen, score_at,
                                 self.score_mod, None, ctx.pre_scale)
-            if ctx.blocks[listed] >= 0:
+            if self.listed_block(ctx.blocks, listed)[1]:
                 mods.apply_mods(acc_S_mn, ctx.mask_at, key0, self.rows, ctx.seqlen, mask_at,
                                 None, self.mask_mod, ctx.pre_scale)
         elif cutlass.const_expr(self.has_mods):
