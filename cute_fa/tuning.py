@@ -252,6 +252,41 @@ def sm90_key(arch: str, dtype: str, head_dim: int, causal: bool, long: bool = Fa
                    **features)
 
 
+# head_dim class -> the wgmma kernel's tile for calls with a score_mod, a mask_mod or a block
+# mask. The plain tile at head_dim 64 (192 rows on three consumer warpgroups of 160 registers)
+# spills 412 bytes with ALiBi and a document mask, 600 causal (ptxas, sm_90a); 128 rows on two
+# warpgroups hold them (tests/test_compile_mods.py). Chosen by those counts, not yet timed.
+SM90_MOD_TILES = {64: (128, 128, 256)}
+
+
+def mods_tile(key, block_size: tuple = ()) -> TileConfig:
+    """The tile of `key` (a forward key) once the call has mods: SM90_MOD_TILES' for the wgmma
+    kernel; with a block mask of (query, key) block_size, the largest tile whose rows and keys
+    each lie inside one block (`BlockMask.aligned`: then the lists and the mask_mod keep
+    exactly what the mask says) with at most the tile's rows and keys, else the tile as it
+    is (`api.mods.exact_blocks` then reads the blocks' kinds per score)."""
+    cfg = key.tile
+    cls = head_dim_class(cfg.head_dim)
+    if key.backend == "sm90" and cls in SM90_MOD_TILES:
+        block_m, block_n, threads = SM90_MOD_TILES[cls]
+        cfg = dataclasses.replace(cfg, block_m=block_m, block_n=block_n, num_threads=threads)
+    if not block_size or (block_size[0] % cfg.block_m == 0 and block_size[1] % cfg.block_n == 0):
+        return cfg
+    rows = (128,) if key.backend == "sm90" else (cfg.block_m, 128, 64)
+    for block_m in (m for m in dict.fromkeys(rows) if m <= cfg.block_m and block_size[0] % m == 0):
+        for block_n in range(cfg.block_n - cfg.block_n % 16, 15, -16):
+            if block_size[1] % block_n == 0:
+                # 64 rows per consumer warpgroup; 16 rows per warp at least (mma.sync)
+                threads = 2 * block_m if key.backend == "sm90" else min(cfg.num_threads,
+                                                                        2 * block_m)
+                try:
+                    return dataclasses.replace(cfg, block_m=block_m, block_n=block_n,
+                                               num_threads=threads)
+                except ValueError:  # not a tile this kernel's warps can split
+                    break
+    return cfg
+
+
 def max_kv_stages(cfg: TileConfig, smem_budget: int, ctas_per_sm: int = 2, cap: int = 4) -> int:
     """Stages of the K/V ring: as many as fit while `ctas_per_sm` CTAs share the SM
     (or one CTA, if even two stages do not fit that way), at most `cap`."""
@@ -357,6 +392,16 @@ FEATURE_SPILL_BUDGET = 48
 # sm_90a head_dim 128 tile, whose 255 registers were already taken; sm_120a's TMA tiles are
 # spill-free. Not yet timed against tiles chosen for mods.
 MOD_SPILL_BUDGET = 288
+# The same for a block mask whose blocks no tile of the kernel fits (`api.mods.exact_blocks`:
+# the blocks' kinds loaded per score beside the mask_mod): 424 bytes with a document mask on
+# the wgmma kernel's 128 x 128 tile, 824 on the cp.async kernel's (ptxas, sm_90a). A fallback
+# for blocks smaller than the kernels' tiles (torch's default of 128 never takes it).
+EXACT_BLOCKS_SPILL_BUDGET = 1024
+# The same for the mma.sync backward adding a score_mod's captured tensor's gradient
+# (`BwdKey.capture_grads`): ptxas for head_dim 128, causal, sm_80: 44-68 bytes for a table
+# read per head, row or scalar, 236 per key (the score kept for the derivative) or per score
+# (a reduction each); 316 per score on sm_90a (tests/test_compile_mods.py).
+CAPTURE_GRAD_SPILL_BUDGET = 384
 
 # CTAs per SM the TMA kernel's K/V ring is sized for (default 2): three at head_dim 64, whose
 # causal kernel is capped for three (REGISTER_CAP_CTAS); 3 vs 4 stages measured the same.

@@ -164,3 +164,126 @@ def test_block_mask_refusals(launches):
     with pytest.raises(ValueError, match="enable_gqa=True"):
         cute_fa.flex_attention(*(t.transpose(1, 2) for t in qkv()))
     assert not recorded
+
+
+def hand_built(seqlen: int = 1000, block: int = 128, heads: int = 2, mask_mod: bool = True):
+    """torch's BlockMask from lists written here (from_kv_blocks), with a causal mask_mod
+    that the lists do not follow: partial blocks anywhere, full blocks above the diagonal too;
+    and what it lets attention see, by hand: a full block's every score, a partial block's
+    where q >= kv (every one without the mask_mod), nothing else."""
+    from torch.nn.attention.flex_attention import BlockMask as TorchBlockMask
+
+    n = -(-seqlen // block)
+    gen = torch.Generator().manual_seed(5)
+    kind = torch.randint(0, 3, (1, heads, n, n), generator=gen)  # 0 skip, 1 partial, 2 full
+    lists = [kind == 1, kind == 2]
+    counts = [t.sum(-1).to(torch.int32) for t in lists]
+    indices = [torch.sort((~t).to(torch.int8), dim=-1, stable=True).indices.to(torch.int32)
+               for t in lists]
+    mask = TorchBlockMask.from_kv_blocks(counts[0], indices[0], counts[1], indices[1],
+                                         BLOCK_SIZE=block, mask_mod=lambda b, h, q, kv: q >= kv,
+                                         seq_lengths=(seqlen, seqlen))
+    seen = torch.zeros(1, heads, seqlen, seqlen, dtype=torch.bool)
+    for h in range(heads):
+        for i in range(n):
+            for j in range(n):
+                rows, cols = slice(i * block, (i + 1) * block), slice(j * block, (j + 1) * block)
+                if kind[0, h, i, j] == 2:
+                    seen[0, h, rows, cols] = True
+                elif kind[0, h, i, j] == 1:
+                    q = torch.arange(i * block, min((i + 1) * block, seqlen))[:, None]
+                    kv = torch.arange(j * block, min((j + 1) * block, seqlen))[None, :]
+                    seen[0, h, rows, cols] = (q >= kv) | (not mask_mod)
+    return mask, seen
+
+
+def test_exact_mask_mod_is_what_the_blocks_say():
+    """`exact_mask_mod` evaluated densely over the block kinds keeps what the hand-made lists
+    and the mask_mod say, as FlexAttention's kernels do (not what the mask_mod says alone)."""
+    from cute_fa.mods.block_mask import exact_mask_mod, from_torch
+    from cute_fa.mods.dense import evaluate, index_grid
+    from cute_fa.mods.trace import trace_mask_mod
+
+    torch_mask, seen = hand_built()
+    bm = from_torch(torch_mask)
+    graph, captured = trace_mask_mod(bm.mask_mod)
+    exact = exact_mask_mod(graph, bm.block_size)
+    got = evaluate(exact, captured + (bm.block_kinds(1, 2),), **index_grid(1, 2, 1000, 1000))
+    assert torch.equal(got, seen)
+    assert torch.equal(bm.dense(), seen)
+    blocks_only = exact_mask_mod(None, bm.block_size)
+    got = evaluate(blocks_only, (bm.block_kinds(1, 2),), **index_grid(1, 2, 1000, 1000))
+    assert torch.equal(got, bm.block_kinds(1, 2).repeat_interleave(128, 2).repeat_interleave(
+        128, 3)[..., :1000, :1000] > 0)
+
+
+@pytest.mark.parametrize("head_dim, backend, tile", [(64, "sm90", (128, 128)),
+                                                     (192, "sm90", (128, 64)),
+                                                     (256, "sm90", (128, 64)),
+                                                     (128, "sm90", (128, 128)),
+                                                     (64, "sm80", (128, 64))])
+def test_block_mask_tiles_fit_its_blocks(launches, head_dim, backend, tile):
+    """A block-sparse call runs a tile whose rows and keys lie inside the mask's blocks of 128
+    (the wgmma kernel's 192 x 128 at head_dim 64, 128 x 112 at 192 and 128 x 80 at 256 would
+    straddle them), and then the mask_mod as it is."""
+    recorded, _ = launches
+    torch_mask, _ = hand_built(heads=4)
+    q, k, v = qkv(b=1, d=head_dim)
+    cute_fa.forward(q, k, v, block_mask=torch_mask, backend=backend)
+    (key, args), = recorded
+    assert (key.tile.block_m, key.tile.block_n) == tile
+    assert key.mask_mod.root.op == "ge" and not key.mask_mod.captures
+    counts, indices = named_arguments(key, args)["score_tensors"]
+    assert counts.shape == (1, 4, -(-1000 // tile[0]))
+
+
+def test_block_mask_of_blocks_the_tile_cannot_fit(launches):
+    """Blocks of 64 query rows, on the wgmma kernel (128-row tiles at least): the tile keeps
+    its shape and the mask_mod becomes the blocks' kinds with it (`exact_mask_mod`), the
+    kinds its last captured tensor, before the lists."""
+    from cute_fa.mods.block_mask import exact_mask_mod, from_torch
+
+    recorded, _ = launches
+    torch_mask, _ = hand_built(block=64, heads=4)
+    cute_fa.forward(*qkv(b=1, d=128), block_mask=torch_mask, backend="sm90")
+    (key, args), = recorded
+    bm = from_torch(torch_mask)
+    from cute_fa.mods.trace import trace_mask_mod
+    assert key.mask_mod == exact_mask_mod(trace_mask_mod(bm.mask_mod)[0], (64, 64))
+    kinds, counts, indices = named_arguments(key, args)["score_tensors"]
+    assert kinds is bm.block_kinds(1, 4)
+    cute_fa.forward(*qkv(b=1, d=128), block_mask=torch_mask, backend="sm80")
+    key80 = recorded[1][0]
+    assert (key80.tile.block_m, key80.tile.block_n) == (64, 64)
+    assert key80.mask_mod.root.op == "ge"
+
+
+def test_torch_block_mask_without_a_mask_mod(launches):
+    """torch's from_kv_blocks without a mask_mod (its noop_mask): every score of a listed
+    block is kept; the kernel runs the lists and no mask_mod."""
+    from torch.nn.attention.flex_attention import BlockMask as TorchBlockMask
+
+    from cute_fa.mods.block_mask import from_torch
+
+    recorded, _ = launches
+    torch_mask, _ = hand_built(heads=4)
+    bare = TorchBlockMask.from_kv_blocks(torch_mask.kv_num_blocks, torch_mask.kv_indices,
+                                         torch_mask.full_kv_num_blocks,
+                                         torch_mask.full_kv_indices, seq_lengths=(1000, 1000))
+    assert from_torch(bare).mask_mod is None
+    cute_fa.forward(*qkv(b=1), block_mask=bare)
+    (key, _), = recorded
+    assert key.block_sparse and key.mask_mod is None
+
+
+@pytest.mark.parametrize("heads_q, pack", [(4, 2), (6, 1)])
+def test_mods_take_the_128_row_wgmma_tile(launches, heads_q, pack):
+    """head_dim 64 with a mask_mod on the wgmma kernel: 128 rows (the plain calls' 192 spill
+    with mods), packing a GQA group of 2 (a group of 3 divides 192 rows, not 128: unpacked)."""
+    recorded, _ = launches
+    q, k, v = qkv(b=1, hq=heads_q, hk=2, d=64)
+    cute_fa.forward(q, k, v, mask_mod=lambda b, h, qi, kv: qi >= kv)
+    cute_fa.forward(q, k, v)
+    (key, _), (plain, _) = recorded
+    assert (key.tile.block_m, key.tile.block_n) == (128, 128) and key.backend == "sm90"
+    assert key.pack_gqa == pack and plain.tile.block_m == 192

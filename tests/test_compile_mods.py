@@ -93,26 +93,39 @@ def test_backward_compiles_with_mods(arch, head_dim):
         dataclasses.replace(wgmma, mask_mod=mask)
 
 
-@pytest.mark.parametrize("arch, backend", [("sm_80", "sm80"), ("sm_90a", "sm90")])
-@pytest.mark.parametrize("mods", ["alibi_document", "bool_blocks"])
-def test_block_sparse_kernels_compile(mods, arch, backend):
+@pytest.mark.parametrize("arch, backend, head_dim", [("sm_80", "sm80", 128),
+                                                    ("sm_90a", "sm90", 128),
+                                                    ("sm_90a", "sm90", 64),
+                                                    ("sm_90a", "sm90", 256)])
+@pytest.mark.parametrize("mods", ["alibi_document", "bool_blocks", "blocks_only",
+                                  "exact_document"])
+def test_block_sparse_kernels_compile(mods, arch, backend, head_dim):
     """The block-sparse kernels (a block mask's key tile lists, `Sm80Key`/`Sm90Key.block_sparse`)
     compile within tuning.MOD_SPILL_BUDGET with a mask_mod, which runs on the tiles the list
-    does not mark whole, beside a score_mod that runs on every tile."""
+    does not mark whole, beside a score_mod that runs on every tile; with no mask_mod (a mask
+    of blocks alone); and with the mask_mod a tile that straddles the mask's blocks runs
+    (`block_mask.exact_mask_mod`: the blocks' kinds read per score; the wgmma kernel's 192 x
+    128 tile at head_dim 64 against blocks of 128)."""
     import dataclasses
 
     from cute_fa.compile.build import compile_kernel
     from cute_fa.compile.ptxas import ptxas_resources
-    from cute_fa.tuning import MOD_SPILL_BUDGET, kernel_key
+    from cute_fa.mods.block_mask import exact_mask_mod
+    from cute_fa.tuning import EXACT_BLOCKS_SPILL_BUDGET, MOD_SPILL_BUDGET, kernel_key, mods_tile
 
-    score_fn, mask_fn = KERNEL_MODS[mods]
-    key = dataclasses.replace(
-        kernel_key(arch, "bfloat16", 128, False, backend), block_sparse=True,
-        score_mod=trace_score_mod(score_fn)[0] if score_fn else None,
-        mask_mod=trace_mask_mod(mask_fn)[0])
+    score_fn, mask_fn = {"blocks_only": (None, None),
+                         "exact_document": (None, MASKS["document"])}.get(mods) \
+        or KERNEL_MODS[mods]
+    mask = trace_mask_mod(mask_fn)[0] if mask_fn else None
+    budget = MOD_SPILL_BUDGET
+    if mods == "exact_document":  # blocks of 32 no tile fits
+        mask, budget = exact_mask_mod(mask, (32, 32)), EXACT_BLOCKS_SPILL_BUDGET
+    key = kernel_key(arch, "bfloat16", head_dim, False, backend)
+    key = dataclasses.replace(key, tile=mods_tile(key, (128, 128)), block_sparse=True,
+                              score_mod=trace_score_mod(score_fn)[0] if score_fn else None,
+                              mask_mod=mask)
     res = ptxas_resources(compile_kernel(key, keep_ptx=True).__ptx__, arch)
-    assert res["spill_stores"] <= MOD_SPILL_BUDGET and res["spill_loads"] <= MOD_SPILL_BUDGET, \
-        res["log"]
+    assert res["spill_stores"] <= budget and res["spill_loads"] <= budget, res["log"]
 
 
 def test_softcap_mod_runs_the_builtins_tanh(monkeypatch):
@@ -137,3 +150,45 @@ def test_softcap_mod_runs_the_builtins_tanh(monkeypatch):
     assert "tanh.approx.f32" in ptx
     for op in (r"\bdiv\.rn\.f32", r"\bex2\.approx"):
         assert len(re.findall(op, ptx)) == len(re.findall(op, plain_ptx)), op
+
+
+CAPTURE_GRAD_MODS = {  # name -> (score_mod, float32 reductions a thread adds per tile)
+    "per_head": (SCORES["alibi"], 1),
+    "per_query": (lambda s, b, h, q, kv: s + QUERY_BIAS[q], None),
+    "per_key": (lambda s, b, h, q, kv: s * KEY_GATE[kv], None),
+    "per_score": (lambda s, b, h, q, kv: s + RELATIVE[h, q - kv + 999], None),
+    "scalar": (SCORES["scalar_capture"], 1),
+}
+QUERY_BIAS, KEY_GATE = __import__("torch").rand(1000), __import__("torch").rand(1000)
+RELATIVE = __import__("torch").rand(4, 2000)
+
+
+@pytest.mark.parametrize("arch, name", [("sm_80", n) for n in sorted(CAPTURE_GRAD_MODS)]
+                         + [("sm_90a", "per_score"), ("sm_120a", "per_head")])
+def test_backward_with_capture_grads_compiles(arch, name):
+    """The mma.sync backward adding a score_mod's captured tensor's gradient
+    (`BwdKey.capture_grads`, `kernels.common.mods.add_capture_grads`) compiles within
+    tuning.CAPTURE_GRAD_SPILL_BUDGET and issues float32 reductions beyond dQ's: one per warp for a
+    table read by head (or a 0-d one), one per row, column or score of the thread's tile
+    otherwise."""
+    import dataclasses
+
+    from cute_fa.compile.build import compile_kernel
+    from cute_fa.compile.ptxas import ptxas_resources
+    from cute_fa.tuning import CAPTURE_GRAD_SPILL_BUDGET as BUDGET
+    from cute_fa.tuning_bwd import bwd_keys
+
+    fn, per_warp = CAPTURE_GRAD_MODS[name]
+    plain = dataclasses.replace(bwd_keys(arch, "bfloat16", 128, True, backend="sm80")[1],
+                                score_mod=trace_score_mod(fn)[0])
+    key = dataclasses.replace(plain, capture_grads=(0,))
+    ptx = compile_kernel(key, keep_ptx=True).__ptx__
+    res = ptxas_resources(ptx, arch)
+    assert res["spill_stores"] <= BUDGET and res["spill_loads"] <= BUDGET, res["log"]
+
+    def reductions(text):
+        return len(re.findall(r"\bred\.[a-z.:]*add\.f32", text))
+    added = reductions(ptx) - reductions(compile_kernel(plain, keep_ptx=True).__ptx__)
+    assert added == per_warp if per_warp else added > 1, added
+    with pytest.raises(ValueError, match="capture_grads must be ascending slots"):
+        dataclasses.replace(plain, capture_grads=(1,))

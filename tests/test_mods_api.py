@@ -156,14 +156,59 @@ def test_mods_train_through_the_mma_sync_backward(launches, backend):
     assert not any(key.backend == "bwd_sm90" for key, _ in recorded)
 
 
-def test_refused_with_grad(launches):
+@pytest.mark.parametrize("frozen_qkv", [False, True])
+def test_captured_tensors_get_gradients(launches, frozen_qkv):
+    """A score_mod's float tensors that require grad (a bf16 table, a 0-d scale): autograd
+    records the call even where q, k, v do not require grad, the backward's key names their
+    slots, its score tensors end with a float32 zero buffer of each one's shape (the kernel
+    adds into it, stood in here: the gradients stay 0), and each gradient comes back in the
+    tensor's shape and dtype; an int table and the mask_mod's tensor get none."""
+    recorded, _ = launches
+    q, k, v = qkv()
+    if not frozen_qkv:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+    table = torch.rand(8, 600, dtype=torch.bfloat16).requires_grad_()
+    scale = torch.tensor(0.5, requires_grad=True)
+    docs = DOCS.clone()
+    cutoff = torch.tensor(200.0, requires_grad=True)
+
+    def biased(s, b, h, qi, kv):
+        return s * scale + table[h, qi - kv + 299] + docs[b, qi]
+
+    o = cute_fa.forward(q, k, v, score_mod=biased,
+                        mask_mod=lambda b, h, qi, kv: (qi - kv) < cutoff)
+    assert o.requires_grad
+    o.sum().backward()
+    (key, args), = [(key, args) for key, args in recorded if key.backend == "bwd_sm80"]
+    assert key.capture_grads == (0, 1)
+    tensors = named_arguments(key, args)["score_tensors"]
+    assert len(tensors) == 6 and tensors[0].shape == (1,) and tensors[0].item() == 0.5
+    assert tensors[1].data_ptr() == table.data_ptr() and tensors[2] is docs
+    grads = tensors[4:]
+    assert [(g.shape, g.dtype) for g in grads] == [((1,), torch.float32),
+                                                   ((8, 600), torch.float32)]
+    assert not any(g.any() for g in grads)
+    assert scale.grad.shape == () and scale.grad.dtype == torch.float32
+    assert table.grad.shape == (8, 600) and table.grad.dtype == torch.bfloat16
+    assert cutoff.grad is None
+    assert (q.grad is None) == frozen_qkv
+
+
+def test_capture_gradient_refusals(launches):
+    """A table indexed through the score cannot get its gradient: refused before any launch;
+    under no_grad the same call runs."""
     recorded, _ = launches
     q, k, v = (t.requires_grad_() for t in qkv())
-    table = torch.rand(8, requires_grad=True)
-    with pytest.raises(ValueError, match=r"captures requires grad \(\(8,\) torch.float32\)"):
-        cute_fa.forward(q, k, v, score_mod=lambda s, b, h, qi, kv: s + table[h])
+    table = torch.rand(2, requires_grad=True)
+
+    def through_score(s, b, h, qi, kv):
+        return s + table[torch.where(s > 0, 1, 0)]
+
+    with pytest.raises(ValueError, match="indexed through the score"):
+        cute_fa.forward(q, k, v, score_mod=through_score)
+    assert not recorded
     with torch.no_grad():
-        cute_fa.forward(q, k, v, score_mod=lambda s, b, h, qi, kv: s + table[h])
+        cute_fa.forward(q, k, v, score_mod=through_score)
     assert len(recorded) == 1
 
 

@@ -296,6 +296,36 @@ def test_block_mask(name, torch_mask, backend):
     check(o, lse, q, k, v, None, mask_mod)
 
 
+@pytest.mark.parametrize("backend, head_dim", [("sm90", 64), ("sm90", 128), ("sm90", 192),
+                                               ("sm90", 256), ("sm80", 128)])
+@pytest.mark.parametrize("block", [128, 64, 32])
+@pytest.mark.parametrize("with_mask_mod", [True, False])
+def test_block_mask_lists_decide(backend, head_dim, block, with_mask_mod):
+    """torch's BlockMask made from lists (from_kv_blocks: partial and full blocks anywhere)
+    with a causal mask_mod the lists do not follow, or none: a full block's scores are all
+    kept, a partial block's where the mask_mod keeps them, an unlisted block's none, as
+    FlexAttention's kernels do, on tiles that fit the blocks and on those that straddle them
+    (blocks of 32: `api.mods.exact_blocks`). Against the reference of that mask, by hand."""
+    from test_block_mask_api import hand_built
+    from torch.nn.attention.flex_attention import BlockMask as TorchBlockMask
+
+    torch_mask, seen = hand_built(block=block, heads=4)
+    if not with_mask_mod:
+        torch_mask = TorchBlockMask.from_kv_blocks(
+            torch_mask.kv_num_blocks, torch_mask.kv_indices, torch_mask.full_kv_num_blocks,
+            torch_mask.full_kv_indices, BLOCK_SIZE=block, seq_lengths=(1000, 1000))
+        _, seen = hand_built(block=block, heads=4, mask_mod=False)
+    torch_mask = torch_mask.to("cuda")
+    seen = seen.cuda()
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    q = _rand(1, 1000, 4, head_dim, dtype=torch.bfloat16, gen=gen)
+    k, v = (_rand(1, 1000, 2, head_dim, dtype=torch.bfloat16, gen=gen) for _ in range(2))
+    out = torch.full_like(q, math.nan)
+    o, lse = cute_fa.forward(q, k, v, return_lse=True, out=out, backend=backend,
+                             block_mask=torch_mask)
+    check(o, lse, q, k, v, None, lambda b, h, qi, kv: seen[b, h, qi, kv], flex=False)
+
+
 def test_flex_attention_drop_in():
     """cute_fa.flex_attention with torch's BlockMask and a score_mod, (B, H, S, D) layout,
     GQA, return_lse: against torch's flex_attention (eager) and the reference."""
@@ -382,3 +412,59 @@ def test_mod_gradients(name):
     for label, got, want in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), leaves):
         err = (got.double() - want.grad).abs().max().item()
         assert err <= 2e-2 * max(1.0, want.grad.abs().max().item()), (label, err)
+
+
+def _capture_mods(b, hq, sq, sk, gen):
+    """name -> (tensors, make): float tables that require grad and a score_mod of them, each
+    added through another path of the kernel's gradient sums: per warp (indexed by h alone),
+    per row (by q_idx), per column (by kv_idx, with the score in the derivative), per score
+    (by q_idx - kv_idx) and a 0-d scale."""
+    def rand(*shape, dtype=torch.float32):
+        return torch.rand(*shape, device="cuda", generator=gen).to(dtype)
+
+    return {
+        "alibi_slopes": ((rand(hq),), lambda t: lambda s, b_, h, q, kv: s + t[0][h] * (kv - q)),
+        "query_bias": ((rand(b, sq),), lambda t: lambda s, b_, h, q, kv: s + t[0][b_, q]),
+        "key_gate": ((rand(sk) + 0.5,), lambda t: lambda s, b_, h, q, kv: s * t[0][kv]),
+        "relative_bias": ((rand(hq, sq + sk - 1, dtype=torch.bfloat16),),
+                          lambda t: lambda s, b_, h, q, kv: s + t[0][h, q - kv + sk - 1]),
+        "temperature": ((rand(()) + 0.5,), lambda t: lambda s, b_, h, q, kv: s * t[0]),
+    }
+
+
+@pytest.mark.parametrize("name", ["alibi_slopes", "query_bias", "key_gate", "relative_bias",
+                                  "temperature"])
+def test_captured_tensor_gradients(name):
+    """The gradients of float tensors a score_mod captures (a learnable bias table, slopes, a
+    temperature), and dq, dk, dv with them, under a causal mask_mod, against float64 autograd
+    of the same functions on float64 copies of the tensors; GQA, Sq != Sk."""
+    b, sq, sk, hq, hk, d = 2, 300, 257, 4, 2, 64
+    gen = torch.Generator(device="cuda").manual_seed(43)
+    q = _rand(b, sq, hq, d, dtype=torch.bfloat16, gen=gen).requires_grad_()
+    k, v = (_rand(b, sk, hk, d, dtype=torch.bfloat16, gen=gen).requires_grad_()
+            for _ in range(2))
+    dout = _rand(b, sq, hq, d, dtype=torch.bfloat16, gen=gen)
+    tensors, make = _capture_mods(b, hq, sq, sk, gen)[name]
+    tensors = tuple(t.requires_grad_() for t in tensors)
+
+    def causal(b_, h, qi, kv):
+        return qi >= kv
+
+    cute_fa.forward(q, k, v, score_mod=make(tensors), mask_mod=causal).backward(dout)
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v) + tensors]
+    qd, kd, vd = leaves[:3]
+    s = torch.einsum("bqhd,bkhd->bhqk", qd, kd.repeat_interleave(hq // hk, 2)) * d ** -0.5
+    index = (torch.arange(b, device="cuda")[:, None, None, None],
+             torch.arange(hq, device="cuda")[None, :, None, None],
+             torch.arange(sq, device="cuda")[None, None, :, None],
+             torch.arange(sk, device="cuda")[None, None, None, :])
+    s = make(leaves[3:])(s, *index).masked_fill(~causal(*index), -math.inf)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    torch.einsum("bhqk,bkhd->bqhd", p, vd.repeat_interleave(hq // hk, 2)).backward(
+        dout.double())
+    got = (q.grad, k.grad, v.grad) + tuple(t.grad for t in tensors)
+    for i, (g, want) in enumerate(zip(got, leaves)):
+        assert g is not None and g.shape == want.shape and g.dtype == (
+            (q, k, v) + tensors)[i].dtype, i
+        err = (g.double() - want.grad).abs().max().item()
+        assert err <= 2e-2 * max(1.0, want.grad.abs().max().item()), (i, err)

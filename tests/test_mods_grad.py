@@ -49,3 +49,59 @@ def test_mask_mods_have_no_score_derivative():
 
     with pytest.raises(ValueError, match="needs a score_mod"):
         score_derivative(trace_mask_mod(lambda b, h, q, kv: q >= kv)[0])
+
+
+@pytest.mark.parametrize("name", ["alibi", "relative_bias", "gate", "scalar_capture"])
+def test_capture_derivatives_match_autograd(name, monkeypatch):
+    """dL/dtensor of each float tensor a score mod captures, for L = sum(w * score_mod) with
+    random weights w: each (load, derivative) pair of `capture_derivatives` evaluated densely,
+    times w, summed by hand into the element its load's indices name, against torch's
+    autograd of the same function on float64 copies of the tensors (the module globals it
+    reads, swapped)."""
+    import test_mods_trace
+
+    from cute_fa.mods.graph import ModGraph
+    from cute_fa.mods.grad import capture_derivatives
+
+    fn = SCORES[name]
+    graph, captured = trace_score_mod(fn)
+    slots = tuple(i for i, t in enumerate(captured) if t.is_floating_point())
+    gen = torch.Generator().manual_seed(11)
+    score = torch.randn(B, H, Q, K, dtype=torch.float64, generator=gen) * 4
+    weights = torch.randn(B, H, Q, K, dtype=torch.float64, generator=gen)
+    index = dict(b=torch.arange(B)[:, None, None, None], h=torch.arange(H)[None, :, None, None],
+                 q_idx=torch.arange(Q)[None, None, :, None],
+                 kv_idx=torch.arange(K)[None, None, None, :])
+    leaves = []
+    for slot in slots:
+        global_name, = [n for n, t in vars(test_mods_trace).items() if t is captured[slot]]
+        leaves.append(captured[slot].double().requires_grad_())
+        monkeypatch.setattr(test_mods_trace, global_name, leaves[-1])
+    value = fn(score, index["b"], index["h"], index["q_idx"], index["kv_idx"])
+    want = torch.autograd.grad((value * weights).sum(), leaves)
+    pairs = capture_derivatives(graph, slots)
+    assert {load.value.slot for load, _ in pairs} == set(slots)
+    for slot, expected in zip(slots, want):
+        got = torch.zeros(captured[slot].shape, dtype=torch.float64).reshape(-1)
+        for load, derivative in pairs:
+            if load.value.slot != slot:
+                continue
+            d = evaluate(derivative, captured, score=score, **index).expand(B, H, Q, K)
+            flat = torch.zeros((), dtype=torch.int64)
+            for dim, arg in enumerate(load.args):  # row-major offset of the load's element
+                at = evaluate(ModGraph("mask_mod", arg, graph.captures), captured, **index)
+                flat = flat * captured[slot].shape[dim] + at.to(torch.int64)
+            got.index_add_(0, flat.expand(B, H, Q, K).reshape(-1), (d * weights).reshape(-1))
+        # the derivative graphs read the tensors in their own dtype (gate's float16 sigmoid)
+        assert torch.allclose(got.reshape(captured[slot].shape), expected,
+                              rtol=2e-3 if name == "gate" else 1e-9, atol=1e-9), (name, slot)
+
+
+def test_capture_indexed_through_the_score_is_refused():
+    from cute_fa.mods.grad import capture_derivatives
+
+    table = torch.rand(2)
+    graph, _ = trace_score_mod(lambda s, b, h, q, kv: s + table[torch.where(s > 0, 1, 0)])
+    with pytest.raises(ValueError, match="indexed through the score"):
+        capture_derivatives(graph, (0,))
+    assert capture_derivatives(graph, ()) == ()

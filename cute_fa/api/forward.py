@@ -19,8 +19,8 @@ from ..runtime.device import device
 from ..runtime.plan import plan
 from ..runtime.run import run_forward, run_merge, score_tensors
 from . import autograd, ops
-from .mods import NONE, TracedMods, needs_grad, refuse_under_compile, refuse_without_backward, \
-    trace_mods, with_mods
+from .mods import (NONE, TracedMods, exact_blocks, needs_grad, refuse_under_compile,
+                   refuse_without_backward, trace_mods, with_mods)
 from .checks import (SDPA_NAMES, as_bool, as_deterministic, check_forward, check_merge,
                      check_tensor, decode_call, plain_call, tracing, window_ints)
 
@@ -62,7 +62,11 @@ def _attend(call: AttentionCall, q, k, v, out, deterministic, original: tuple, *
                                     cu_seqlens_q, cu_seqlens_k, sinks=mods.sinks,
                                     captures=mods.captures)
     else:
-        o, lse = run_forward(call, plan(call, device(call.device_index)), q, k, v, out,
+        planned = plan(call, device(call.device_index))
+        if mods.block_mask is not None:
+            call, mods, planned = exact_blocks(call, mods, planned,
+                                               lambda c: plan(c, device(c.device_index)))
+        o, lse = run_forward(call, planned, q, k, v, out,
                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                              seqused_k=seqused_k, page_table=page_table,
                              score_tensors=score_tensors(mods.captures, mods.sinks),
@@ -175,18 +179,22 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     document ids); anything else raises a TypeError naming it. Each call traces the
     functions (microseconds); a new function compiles its kernel once, new values in its
     tensors never recompile. Differentiable in q, k, v (the mma.sync backward runs the mods
-    and score_mod's derivative, `cute_fa.mods.grad`); captured tensors get no gradient (one
-    that requires grad raises). Not with softcap (write it into the score_mod) or
-    torch.compile yet.
+    and score_mod's derivative, `cute_fa.mods.grad`) and in the float tensors the score_mod
+    captures (a bias table, slopes: their gradients are summed by the backward kernel; a
+    tensor the mask_mod captures gets none, a mask being piecewise constant). Not with
+    softcap (write it into the score_mod) or torch.compile yet.
     sinks: float (heads_q,), one logit per query head (gpt-oss's attention sinks, HF's
     s_aux): each row's softmax has one more term, exp(sinks[h]), of a key with value 0, so
     the weights of the real keys sum to less than one; lse includes it. Differentiable: where
     sinks require grad, autograd records the call and gives them their gradient.
     block_mask: a block-sparse mask (`cute_fa.mods.block_mask.create_block_mask`'s, or torch's
-    `create_block_mask`'s BlockMask): each query tile visits only the key tiles that meet
-    the mask's full or partial blocks, and evaluates the mask's mask_mod there (on full
-    blocks too: the same where the mask_mod keeps them whole, as create_block_mask's do).
-    Dense calls without causal or a window (the mask says them); the sm80 and sm90 kernels.
+    `create_block_mask`'s or `BlockMask.from_kv_blocks`'): what FlexAttention's kernels keep,
+    every score of a full block, a partial block's where its mask_mod keeps them (every one
+    without a mask_mod), none of an unlisted block. Each query tile visits only the key
+    tiles that meet listed blocks, on a tile that fits inside the mask's blocks where the
+    kernel has one (`tuning.mods_tile`), else reading the blocks' kinds per score. Dense
+    calls without causal or a window (the mask says them); the sm80 and sm90 kernels; no
+    backward yet.
 
     Gradients: where q, k or v require grad, the output's grad_fn runs cute_fa's backward
     kernels (`cute_fa.backward`); lse is returned as a non-differentiable output. deterministic:

@@ -127,27 +127,54 @@ def with_mods(call: AttentionCall, mods: TracedMods) -> AttentionCall:
     """The checked call with its mods among its score features."""
     if not mods:
         return call
+    blocks = tuple(mods.block_mask.block_size) if mods.block_mask is not None else ()
     return call._replace(features=call.features._replace(
         score_mod=mods.score_mod, mask_mod=mods.mask_mod, sinks=mods.sinks is not None,
-        block_sparse=mods.block_mask is not None))
+        block_sparse=blocks))
+
+
+def exact_blocks(call: AttentionCall, mods: TracedMods, planned, plan_of: Callable) -> tuple:
+    """(call, mods, plan) of a block-sparse call whose planned kernel's tiles straddle the
+    mask's blocks (`BlockMask.aligned`): its mask_mod becomes the mask's block kinds with
+    it (`exact_mask_mod`, re-planned by plan_of(call)), so that an unlisted block's scores
+    in a listed tile are dropped and a full block's kept whatever the mask_mod says, as
+    FlexAttention does. Unchanged where the tiles lie inside the blocks."""
+    from ..mods.block_mask import exact_mask_mod
+
+    mask, tile = mods.block_mask, planned.key.tile
+    if mask.aligned(tile.block_m, tile.block_n):
+        return call, mods, planned
+    held = mask._tiles.get(("exact", mods.mask_mod))
+    if held is None:
+        held = mask._tiles[("exact", mods.mask_mod)] = exact_mask_mod(mods.mask_mod,
+                                                                      mask.block_size)
+    mods = mods._replace(mask_mod=held, captures=mods.captures + (
+        mask.block_kinds(call.batch, call.heads_q),))
+    call = with_mods(call, mods)
+    return call, mods, plan_of(call)
 
 
 def needs_grad(mods: TracedMods) -> bool:
-    """Whether the call's sinks make autograd record it (they require grad, in grad mode)."""
-    return mods.sinks is not None and mods.sinks.requires_grad and torch.is_grad_enabled()
+    """Whether the call's sinks or captured tensors make autograd record it (one of them
+    requires grad, in grad mode)."""
+    return torch.is_grad_enabled() and (
+        (mods.sinks is not None and mods.sinks.requires_grad)
+        or any(t.requires_grad for t in mods.captures))
 
 
 def refuse_without_backward(mods: TracedMods) -> None:
     """What a call autograd must record cannot have yet: a block mask (no block-sparse
-    backward), captured tensors that require grad (their gradient is not computed)."""
+    backward), a score_mod indexing a captured tensor that requires grad through the score
+    (`mods.grad.capture_derivatives` refuses it)."""
     if mods.block_mask is not None:
         raise ValueError("block_mask has no backward yet: call under torch.no_grad() or with "
-                         "q, k, v (and sinks) that do not require grad")
-    for t in mods.captures:
-        if t.requires_grad:
-            raise ValueError(f"a tensor the score_mod or mask_mod captures requires grad "
-                             f"({tuple(t.shape)} {t.dtype}): its gradient is not computed yet; "
-                             f"detach it or call under torch.no_grad()")
+                         "q, k, v (and sinks, captured tensors) that do not require grad")
+    if mods.score_mod is not None:
+        from ..mods.grad import capture_derivatives
+
+        slots = tuple(i for i, t in enumerate(mods.captures[:len(mods.score_mod.captures)])
+                      if t.requires_grad)
+        capture_derivatives(mods.score_mod, slots)
 
 
 def refuse_under_compile(mods: TracedMods) -> None:

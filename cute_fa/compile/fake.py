@@ -58,7 +58,8 @@ def fake_arguments(key: KernelKey) -> tuple:
     def score_tensors():
         """The mods' captured tensors, in slot order: any extents and strides (a table may
         be a broadcast view), element-aligned (a 0-d capture travels as one element); then
-        the sink logits, float32 (heads_q,); then a block mask's counts and indices."""
+        the sink logits, float32 (heads_q,); then a block mask's counts and indices; then a
+        float32 gradient per `BwdKey.capture_grads` slot, of that capture's rank."""
         from ..kernels.common.mods import DTYPES
 
         return tuple(make_fake_tensor(
@@ -67,7 +68,11 @@ def fake_arguments(key: KernelKey) -> tuple:
             assumed_align=max(DTYPES[c.dtype].width // 8, 1)) for c in key.mod_captures
         ) + ((make_fake_tensor(cutlass.Float32, (cute.sym_int(),), stride=(1,),
                                assumed_align=4),) if key.sinks else ()) + (
-            (int32_tensor(3), int32_tensor(4)) if key.block_sparse else ())
+            (int32_tensor(3), int32_tensor(4)) if key.block_sparse else ()) + tuple(
+            make_fake_tensor(cutlass.Float32, tuple(cute.sym_int() for _ in range(max(
+                key.score_mod.captures[slot].ndim, 1))), stride=tuple(cute.sym_int64() for _ in
+                range(max(key.score_mod.captures[slot].ndim, 1))), assumed_align=4)
+            for slot in getattr(key, "capture_grads", ()))
 
     def int32_tensor(rank):
         """A block mask's counts (batch, heads, query blocks) or indices (..., key blocks):

@@ -249,15 +249,27 @@ class BwdKey(KernelKey):
     """What one compiled backward kernel (`kernels/bwd/sm80.py`) depends on: the forward's score
     features (causal, local, softcap, ragged Q/K; `KernelKey`), its tile (`BwdTileConfig`),
     and deterministic (dQ's float32 sums formed in key-block order, on a counter per query
-    block). lpt has no meaning here: the backward's CTAs own key blocks."""
+    block). lpt has no meaning here: the backward's CTAs own key blocks. capture_grads: the
+    slots of the score_mod's captured tensors (float ones) whose gradients the kernel adds
+    into float32 tensors of their shapes, its last score tensors
+    (`mods.grad.capture_derivatives`)."""
 
     tile: BwdTileConfig = None
     deterministic: bool = False
+    capture_grads: tuple = ()
     backend: ClassVar[str] = "bwd_sm80"
 
     def __post_init__(self):
         self._check_mods()
         _check_backward_key(self, BwdTileConfig, mods=True)
+        if self.capture_grads:
+            captures = self.score_mod.captures if self.score_mod is not None else ()
+            if any(not isinstance(slot, int) or not 0 <= slot < len(captures)
+                   or not captures[slot].dtype.startswith(("float", "bfloat"))
+                   for slot in self.capture_grads) or \
+                    tuple(sorted(set(self.capture_grads))) != self.capture_grads:
+                raise ValueError(f"capture_grads must be ascending slots of the score_mod's "
+                                 f"float captures {captures}, got {self.capture_grads!r}")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .dense import evaluate, index_grid
+from .graph import BOOL, INT, Capture, ModGraph, Node
 from .trace import trace_mask_mod
 
 
@@ -20,15 +21,15 @@ from .trace import trace_mask_mod
 # kernels then skip (as FlexAttention skips its full blocks'). The kernels read both forms;
 # compiled and checked on the CPU, off until the GPU tests and timing of
 # docs/perf/2026-12-06-mods-speed/run.sh.
-WHOLE_TILES = False
+WHOLE_TILES = True
 
 
 @dataclass(frozen=True)
 class BlockMask:
     """kv_num_blocks, full_kv_num_blocks: int32 (batch, heads, query blocks); kv_indices,
     full_kv_indices: int32 (batch, heads, query blocks, key blocks); batch and heads may be 1
-    (the same for all). mask_mod: the function the partial blocks evaluate (None: a mask of
-    full blocks only)."""
+    (the same for all). mask_mod: the function the partial blocks evaluate (None: every
+    score of a listed block kept, as torch's `noop_mask`)."""
 
     kv_num_blocks: torch.Tensor
     kv_indices: torch.Tensor
@@ -55,7 +56,7 @@ class BlockMask:
         partial = partial.repeat_interleave(bq, dim=2).repeat_interleave(bk, dim=3)
         full, partial = (t[:, :, :self.seqlen_q, :self.seqlen_k] for t in (full, partial))
         if self.mask_mod is None:
-            return full
+            return full | partial
         return full | (partial & _mask(self.mask_mod, batch, heads, self.seqlen_q,
                                        self.seqlen_k, partial.device))
 
@@ -92,6 +93,49 @@ class BlockMask:
         held = counts.expand(shape), indices.expand(shape + indices.shape[-1:])
         self._tiles[(block_m, block_n, batch, heads, whole)] = held
         return held
+
+
+    def aligned(self, block_m: int, block_n: int) -> bool:
+        """Whether each block_m x block_n kernel tile lies inside one block of the mask: then
+        a listed tile is inside one listed block, and the block lists with the mask_mod (on
+        tiles not listed whole) keep exactly what `dense` says."""
+        bq, bk = self.block_size
+        return bq % block_m == 0 and bk % block_n == 0
+
+    def block_kinds(self, batch: int, heads: int) -> torch.Tensor:
+        """int32 (batch, heads, query blocks, key blocks), broadcast where the mask has one
+        batch entry or head: 2 where a block is full, 1 partial, 0 skipped. What
+        `exact_mask_mod`'s graph reads, on kernels whose tiles are not `aligned`."""
+        held = self._tiles.get(("kinds", batch, heads))
+        if held is None:
+            k_blocks = self.kv_indices.shape[-1]
+            full = _listed(self.full_kv_num_blocks, self.full_kv_indices, k_blocks)
+            partial = _listed(self.kv_num_blocks, self.kv_indices, k_blocks)
+            kinds = torch.where(full, 2, partial.to(torch.int32)).to(torch.int32)
+            held = self._tiles[("kinds", batch, heads)] = kinds.expand(
+                (batch, heads) + tuple(kinds.shape[2:]))
+        return held
+
+
+def exact_mask_mod(graph: ModGraph | None, block_size: tuple) -> ModGraph:
+    """The mask a block mask means, as a mask_mod for kernels whose tiles straddle its blocks:
+    kinds[b, h, q_idx // bq, kv_idx // bk] == 2 (a full block: kept whatever `graph` says),
+    or == 1 (partial) and `graph` (the mask's mask_mod; None: kept). `kinds` is
+    `BlockMask.block_kinds`, one more captured tensor after graph's. Without it a tile that
+    meets a listed block and an unlisted one would let the mask_mod decide the unlisted
+    block's scores, which FlexAttention drops."""
+    captures = graph.captures if graph is not None else ()
+    kinds = Capture(len(captures), "int32", 4)
+    bq, bk = block_size
+    index = (Node("b", INT), Node("h", INT),
+             Node("floordiv", INT, (Node("q_idx", INT), Node("const", INT, value=bq))),
+             Node("floordiv", INT, (Node("kv_idx", INT), Node("const", INT, value=bk))))
+    kind = Node("load", INT, index, kinds)
+    full = Node("eq", BOOL, (kind, Node("const", INT, value=2)))
+    partial = Node("eq", BOOL, (kind, Node("const", INT, value=1)))
+    if graph is not None:
+        partial = Node("and", BOOL, (partial, graph.root))
+    return ModGraph("mask_mod", Node("or", BOOL, (full, partial)), captures + (kinds,))
 
 
 def kernel_tile(listed: torch.Tensor) -> tuple:
@@ -178,7 +222,16 @@ def _from_torch(block_mask) -> BlockMask:
     if full_num is None:  # a mask of partial blocks only
         full_num = torch.zeros_like(block_mask.kv_num_blocks)
         full_idx = block_mask.kv_indices
+    mask_mod = block_mask.mask_mod
+    if mask_mod is _torch_noop_mask():  # from_kv_blocks' default: the blocks alone say it
+        mask_mod = None
     return BlockMask(block_mask.kv_num_blocks.to(torch.int32),
                      block_mask.kv_indices.to(torch.int32), full_num.to(torch.int32),
                      full_idx.to(torch.int32), tuple(block_mask.BLOCK_SIZE), seqlen_q, seqlen_k,
-                     block_mask.mask_mod)
+                     mask_mod)
+
+
+def _torch_noop_mask():
+    from torch.nn.attention.flex_attention import noop_mask
+
+    return noop_mask

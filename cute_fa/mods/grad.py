@@ -1,8 +1,11 @@
-"""The derivative of a traced score_mod with respect to its score: another `ModGraph` of the same
-leaves and captures (`score_derivative`), which a backward kernel runs next to the mod itself,
-since dL/dS = P (dP - D) * score_mod'(S * scale) * scale. Forward-mode, node by node; integer
-and bool values and captured tensors are constants with respect to the score, and so is a
-piecewise-constant operation's result (its derivative is 0 almost everywhere)."""
+"""The derivatives of a traced score_mod, each another `ModGraph` of the same leaves and captures
+that a backward kernel runs next to the mod itself: with respect to its score
+(`score_derivative`), since dL/dS = P (dP - D) * score_mod'(S * scale) * scale, and with
+respect to each element it reads from a captured tensor that requires grad
+(`capture_derivatives`), which the kernel adds into that tensor's gradient. Forward-mode,
+node by node; integer and bool values are constants, each other leaf and load is a constant
+with respect to the seed, and so is a piecewise-constant operation's result (its derivative
+is 0 almost everywhere)."""
 
 from __future__ import annotations
 
@@ -29,12 +32,12 @@ def _sum(op: str, a: Node | None, b: Node | None) -> Node | None:
     return _node(op, a, b)
 
 
-def _rule(node: Node, d: dict) -> Node | None:
-    """d(node)/d(score) from its arguments' derivatives `d` (None: 0)."""
+def _rule(node: Node, d: dict, seed: Node) -> Node | None:
+    """d(node)/d(seed) from its arguments' derivatives `d` (None: 0)."""
     op, args = node.op, node.args
-    if op == "score":
+    if node == seed:
         return _ONE
-    if node.kind != FLOAT or op in ("const", "load", "b", "h", "q_idx", "kv_idx"):
+    if node.kind != FLOAT or op in ("const", "load", "score", "b", "h", "q_idx", "kv_idx"):
         return None
     da = [d.get(a) for a in args]
     if op in ("add", "sub"):
@@ -72,14 +75,44 @@ def _rule(node: Node, d: dict) -> Node | None:
     raise ValueError(f"no derivative rule for {op!r}")
 
 
-def score_derivative(graph: ModGraph) -> ModGraph:
-    """d score_mod / d score as a graph: same role ('score_mod'), leaves and captures."""
+def _derivative(graph: ModGraph, seed: Node) -> Node | None:
+    """d root / d seed (a node of the graph: the score, or a load of a captured tensor), None
+    where it is 0 everywhere."""
     if graph.role != "score_mod":
-        raise ValueError(f"a derivative with respect to the score needs a score_mod, got a "
-                         f"{graph.role}")
+        raise ValueError(f"a derivative of the score needs a score_mod, got a {graph.role}")
     d: dict = {}
     for node in graph.nodes():
-        value = _rule(node, d)
+        value = _rule(node, d, seed)
         if value is not None:
             d[node] = value
-    return ModGraph("score_mod", d.get(graph.root, _ZERO), graph.captures)
+    return d.get(graph.root)
+
+
+def score_derivative(graph: ModGraph) -> ModGraph:
+    """d score_mod / d score as a graph: same role ('score_mod'), leaves and captures."""
+    found = _derivative(graph, Node("score", FLOAT))
+    return ModGraph("score_mod", found if found is not None else _ZERO, graph.captures)
+
+
+def capture_derivatives(graph: ModGraph, slots: tuple) -> tuple:
+    """For a gradient of the captured tensors in `slots` (float ones): a pair (load, d
+    score_mod / d load) per element the score_mod reads from them (a `load` node, its
+    indices then where each score's gradient adds in), the derivative a graph of the same
+    leaves and captures. dL/dtensor[i] sums, over every score whose load reads element i,
+    dL/d score_mod times that derivative. A load whose value never reaches the result gives
+    no pair; one indexed through the score raises (the index would have to be kept per score)."""
+    pairs = []
+    for node in graph.nodes():
+        if node.op != "load" or node.kind != FLOAT or node.value.slot not in slots:
+            continue
+        if any(_reads_score(a) for a in node.args):
+            raise ValueError(f"captured tensor {node.value.slot} of the score_mod is indexed "
+                             f"through the score: its gradient is not computed")
+        found = _derivative(graph, node)
+        if found is not None:
+            pairs.append((node, ModGraph("score_mod", found, graph.captures)))
+    return tuple(pairs)
+
+
+def _reads_score(node: Node) -> bool:
+    return node.op == "score" or any(_reads_score(a) for a in node.args)

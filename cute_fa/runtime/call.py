@@ -20,8 +20,9 @@ class ScoreFeatures(NamedTuple):
     """What a call asks of the scores besides the scale: causal (an upper edge, moved right by
     window_right), a sliding window's lower edge (local, window_left keys left of the
     diagonal), a softcap (0: none), traced mods (`cute_fa.mods.ModGraph`, None: none),
-    attention sinks (a logit per query head) and a block mask (block_sparse). `causal`,
-    `local`, the mods, `sinks` and `block_sparse` are kernel key fields; the rest are kernel
+    attention sinks (a logit per query head) and a block mask (block_sparse: its (query, key)
+    block size, which the tile is fitted to; () without one). `causal`, `local`, the mods,
+    `sinks` and `block_sparse` are kernel key fields (a bool there); the rest are kernel
     arguments (the mods' captured tensors, the sink logits and the block lists too)."""
 
     causal: bool
@@ -32,7 +33,7 @@ class ScoreFeatures(NamedTuple):
     score_mod: object = None
     mask_mod: object = None
     sinks: bool = False
-    block_sparse: bool = False
+    block_sparse: tuple = ()
 
 
 PLAIN = {False: ScoreFeatures(False), True: ScoreFeatures(True)}
@@ -72,7 +73,9 @@ class BackwardCall(NamedTuple):
     features and scale, dq's summation mode, for a ragged batch its longest entries (which
     size the grids), and the work's extent: batch (a ragged batch's entries), heads, keys per
     entry (a ragged batch's longest). head_splits: over how many CTAs the wgmma backward
-    splits a K/V group's query heads (None: the plan picks, `tuning_bwd.bwd_head_splits`)."""
+    splits a K/V group's query heads (None: the plan picks, `tuning_bwd.bwd_head_splits`).
+    capture_grads: the slots of the score_mod's captured tensors whose gradients the main
+    kernel adds up (`compile.keys.BwdKey.capture_grads`)."""
 
     layout: str
     dtype: object
@@ -90,6 +93,7 @@ class BackwardCall(NamedTuple):
     heads_kv: int = 1
     seqlen_k: int = 0
     head_splits: int | None = None
+    capture_grads: tuple = ()
 
 
 class MergeCall(NamedTuple):

@@ -22,7 +22,8 @@ from ..compile.keys import KernelKey, MergeKey
 from ..compile.registry import used_arguments
 from ..tuning import (DECODE_MAX_SEQLEN_Q, PREFILL_ONLY, decode_ctas_per_sm, decode_fused_merge,
                       decode_key, decode_rows_class, is_small_grid, kernel_key,
-                      num_splits_heuristic, sm90_long, sm90_pack_gqa, sm90_persistent)
+                      mods_tile, num_splits_heuristic, sm90_long, sm90_pack_gqa,
+                      sm90_persistent)
 from ..tuning_bwd import bwd_head_splits, bwd_keys
 from .call import RAGGED, AttentionCall, BackwardCall, MergeCall, ScoreFeatures
 from .device import Device
@@ -181,12 +182,18 @@ def _changed(key, changes: tuple):
 
 
 def _with_mods(key, f: ScoreFeatures):
-    """`key` running the call's traced mods and sinks (on the tile planned for the call
-    without them)."""
+    """`key` running the call's traced mods and sinks: sinks alone on the tile planned for the
+    call without them, mods and block masks on `tuning.mods_tile`'s (a GQA packing the new
+    tile's rows cannot hold dropped)."""
     if f.score_mod is None and f.mask_mod is None and not f.sinks and not f.block_sparse:
         return key
-    return dataclasses.replace(key, score_mod=f.score_mod, mask_mod=f.mask_mod, sinks=f.sinks,
-                               block_sparse=f.block_sparse)
+    changes = dict(score_mod=f.score_mod, mask_mod=f.mask_mod, sinks=f.sinks,
+                   block_sparse=bool(f.block_sparse))
+    if f.score_mod is not None or f.mask_mod is not None or f.block_sparse:
+        changes["tile"] = mods_tile(key, f.block_sparse)
+        if changes["tile"].block_m % getattr(key, "pack_gqa", 1):
+            changes["pack_gqa"] = 1
+    return dataclasses.replace(key, **changes)
 
 
 def _forward(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
@@ -295,7 +302,7 @@ def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan
     f = call.features
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
              f.softcap > 0, f.score_mod, f.mask_mod, call.layout, call.deterministic,
-             call.backend, over, compile)
+             call.backend, call.capture_grads, over, compile)
     main = _BACKWARD_MAIN.get(route)
     if main is None:
         main = _BACKWARD_MAIN[route] = _backward_keys(call, device, 1)[1]
@@ -323,8 +330,9 @@ def _backward_keys(call: BackwardCall, device: Device, head_splits: int) -> tupl
                     deterministic=call.deterministic, tile_arch=over.tile_arch,
                     backend=backend, head_splits=head_splits)
     if mods:
-        keys = (keys[0], dataclasses.replace(keys[1], score_mod=f.score_mod,
-                                             mask_mod=f.mask_mod)) + keys[2:]
+        keys = (keys[0], dataclasses.replace(keys[1], score_mod=f.score_mod, mask_mod=f.mask_mod,
+                                             **({"capture_grads": call.capture_grads}
+                                                if call.capture_grads else {}))) + keys[2:]
     if not over.backward_changes:
         return keys
     main = _changed(keys[1], over.backward_changes)

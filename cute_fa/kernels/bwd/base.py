@@ -11,7 +11,7 @@ import cutlass
 import cutlass.cute as cute
 
 from ...layouts import bwd as bwd_layouts
-from ...mods.grad import score_derivative
+from ...mods.grad import capture_derivatives, score_derivative
 from ..common import mask, mods
 from ..sched.seqlen import QueryRows, SeqlenInfo
 
@@ -61,6 +61,10 @@ class FlashBwdBase:
         self.score_mod_grad = None
         if key.score_mod is not None:  # d score_mod / d score, run next to the mod
             self.score_mod_grad = score_derivative(key.score_mod)
+        # (load, d score_mod / d load) of the captured elements whose gradients are added
+        self.capture_pairs = capture_derivatives(key.score_mod, key.capture_grads) \
+            if getattr(key, "capture_grads", ()) else ()
+        self.n_captures = len(key.mod_captures)
         self.varlen_q = key.varlen_q
         self.varlen_k = key.varlen_k
         self.deterministic = key.deterministic
@@ -158,20 +162,38 @@ class FlashBwdBase:
                     score_tensors, pre_scale):
         """With mods, the recomputed scores through them as in the forward (`mods.apply_mods`:
         score_mod of S * pre_scale, -inf where mask_mod drops the key), before the mask; returns
-        score_mod's derivative at each score, the factor dS takes (None without a score_mod).
-        The tile's rows are queries query0 + row_offsets of `head`, its columns keys key0 +
-        col_offsets."""
+        score_mod's derivative at each score, the factor dS takes (None without a score_mod),
+        and, per `capture_pairs`, its derivative with respect to that load (in acc_S's
+        row-column layout: `_capture_grads` reads them). The tile's rows are queries query0 +
+        row_offsets of `head`, its columns keys key0 + col_offsets."""
         grad = None
+        derivatives = ()
         if cutlass.const_expr(self.has_mods):
             grad_mn = None
             if cutlass.const_expr(self.score_mod is not None):
                 grad = cute.make_fragment_like(acc_S)
                 grad_mn = cute.make_tensor(grad.iterator, acc_S_mn.layout)
+            derivatives = tuple(
+                (graph, cute.make_tensor(cute.make_fragment_like(acc_S).iterator,
+                                         acc_S_mn.layout)) for _, graph in self.capture_pairs)
             coords = mods.TileCoords(thr.row_offsets, thr.col_offsets, query0)
             mods.apply_mods(acc_S_mn, coords, key0, _ROWS, seqlen,
-                            mods.ModArgs(batch, head, score_tensors), self.score_mod,
-                            self.mask_mod, pre_scale, self.score_mod_grad, grad_mn)
-        return grad
+                            mods.ModArgs(batch, head, score_tensors if score_tensors is None
+                                         else score_tensors[:self.n_captures]),
+                            self.score_mod, self.mask_mod, pre_scale, self.score_mod_grad,
+                            grad_mn, derivatives)
+        return grad, tuple(mn for _, mn in derivatives)
+
+    def _capture_grads(self, dS_mn, derivative_mns, thr, query0, key0, seqlen: SeqlenInfo,
+                       batch, head, score_tensors):
+        """dL / d score_mod of the tile (dS_mn, before score_mod's derivative) into the captured
+        tensors' gradients (`mods.add_capture_grads`), the score tensors after the captures."""
+        if cutlass.const_expr(len(self.capture_pairs) > 0):
+            n_mods = len(self.score_mod.captures)
+            mods.add_capture_grads(
+                dS_mn, mods.TileCoords(thr.row_offsets, thr.col_offsets, query0), key0, _ROWS,
+                seqlen, mods.ModArgs(batch, head, score_tensors[:n_mods]), self.capture_pairs,
+                derivative_mns, score_tensors[self.n_captures:])
 
     def _dq_sync(self):
         raise NotImplementedError

@@ -4,7 +4,8 @@ DSL operations on 32-bit values, traced into the kernel that holds the score ele
 already a floor division, its `%` keeps the dividend's sign and is corrected here.
 
 `apply_mods` runs a kernel's score_mod and mask_mod over one round's S accumulator: every
-element, every round (a mask_mod may drop any key), before the built-in mask."""
+element, every round (a mask_mod may drop any key), before the built-in mask.
+`add_capture_grads` adds the backward's gradients of the tensors a score_mod captures."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def _floor_mod(a, b):
 # built-in's time (docs/perf/2026-12-06-mods/). Compiled and checked on the CPU
 # (tests/test_compile_mods.py); off until its GPU tests and timing run
 # (docs/perf/2026-12-06-mods-speed/run.sh).
-FASTMATH = False
+FASTMATH = True
 _UNARY = {"neg": lambda a: -a, "abs": abs,
           "exp": lambda a: cute.math.exp(a, fastmath=FASTMATH),
           "tanh": lambda a: cute.math.tanh(a, fastmath=FASTMATH),
@@ -55,6 +56,11 @@ def emit(graph, leaves: dict, captured: tuple):
     'b', 'h', 'q_idx', 'kv_idx' (Int32) to the element's values (only those the graph reads
     are needed); `captured` holds the kernel's tensor of each capture slot. A float result is
     a Float32, a mask's a Boolean."""
+    return emit_values(graph, leaves, captured)[graph.root]
+
+
+def emit_values(graph, leaves: dict, captured: tuple) -> dict:
+    """`emit`'s value of every node of `graph`, by node."""
     values = {}
     for node in graph.nodes():
         if node.op in LEAVES:
@@ -81,7 +87,7 @@ def emit(graph, leaves: dict, captured: tuple):
             if node.op not in COMPARISONS:
                 value = _CAST[node.kind](value)
         values[node] = value
-    return values[graph.root]
+    return values
 
 
 @dataclass(frozen=True)
@@ -118,15 +124,18 @@ def reads_captures(graph) -> bool:
 
 
 def apply_mods(acc_S_mn: cute.Tensor, coords, key0, rows, seqlen, at: ModArgs, score_mod,
-               mask_mod, pre_scale, score_grad=None, grad_mn: cute.Tensor = None):
+               mask_mod, pre_scale, score_grad=None, grad_mn: cute.Tensor = None,
+               derivatives: tuple = ()):
     """S, in place, through score_mod (of S * pre_scale: the score FlexAttention's mods see,
     softmax_scale applied) and mask_mod (-inf where it returns False). Element (r, c) is query
     rows.query(coords.query0 + coords.row_offsets[r]) of head rows.head(head0, .) against key
-    key0 + coords.col_offsets[c] (`TileCoords`); seqlen: the entry's lengths. Where a mod reads a captured tensor its indices are clamped into the
-    sequences, so that a row or key past the end (padding, masked after this) reads the
-    last one's entries rather than past the user's table. Traced inline (the loops unroll:
+    key0 + coords.col_offsets[c] (`TileCoords`); seqlen: the entry's lengths. Where a mod
+    reads a captured tensor its indices are clamped into the sequences, so that a row or key
+    past the end (padding, masked after this) reads the last one's entries rather than past
+    the user's table. Traced inline (the loops unroll:
     the offsets and graphs are compile-time values). The backward's: score_grad (d score_mod /
-    d score, `mods.grad.score_derivative`) evaluated at the same score into grad_mn."""
+    d score, `mods.grad.score_derivative`) evaluated at the same score into grad_mn, and each
+    (graph, out_mn) of derivatives (`mods.grad.capture_derivatives`' graphs) into its out_mn."""
     clamp = reads_captures(score_mod) or reads_captures(mask_mod)
     score_at, mask_at = split_args(at, score_mod)
     for r in range(len(coords.row_offsets)):
@@ -144,7 +153,94 @@ def apply_mods(acc_S_mn: cute.Tensor, coords, key0, rows, seqlen, at: ModArgs, s
                 score = dict(leaves, score=acc_S_mn[r, c] * pre_scale)
                 if score_grad is not None:
                     grad_mn[r, c] = emit(score_grad, score, score_at.captures)
+                for graph, out_mn in derivatives:
+                    out_mn[r, c] = emit(graph, score, score_at.captures)
                 acc_S_mn[r, c] = emit(score_mod, score, score_at.captures)
             if mask_mod is not None:
                 keep = emit(mask_mod, leaves, mask_at.captures)
                 acc_S_mn[r, c] = cutlass.select_(keep, acc_S_mn[r, c], -cutlass.Float32.inf)
+
+
+def _reads(nodes, leaf: str) -> bool:
+    return any(n.op == leaf or _reads(n.args, leaf) for n in nodes)
+
+
+@cute.jit
+def add_capture_grads(dS_mn: cute.Tensor, coords, key0, rows: cutlass.Constexpr, seqlen, at,
+                      pairs: cutlass.Constexpr, derivative_mns, grads):
+    """The backward's gradients of a score_mod's captured tensors: for each (load, d
+    score_mod / d load) of pairs (`mods.grad.capture_derivatives`), with that derivative at
+    each score in derivative_mns (`apply_mods`' derivatives), grads[i][the load's indices] +=
+    dS_mn * derivative (dS_mn: dL / d score_mod, the tile's P (dP - D)), as float32
+    reductions at L2. The tile's batch entry and head are one (a backward tile's), so a load
+    that reads neither q_idx nor kv_idx adds one sum per warp, one that reads one of them a
+    sum per row or column of the thread, else one reduction per score that is not 0 (a
+    masked score's, a padding row's or column's: their indices are clamped as `apply_mods`
+    clamps them). coords, key0, rows, seqlen, at: `apply_mods`'."""
+    n_rows, n_cols = len(coords.row_offsets), len(coords.col_offsets)
+    for i in cutlass.range_constexpr(len(pairs)):
+        load = pairs[i][0]
+        uses_q, uses_kv = _reads(load.args, "q_idx"), _reads(load.args, "kv_idx")
+        d_mn, target = derivative_mns[i], grads[i]
+        if cutlass.const_expr(not uses_q and not uses_kv):
+            total = cutlass.Float32(0.0)
+            for r in cutlass.range_constexpr(n_rows):
+                for c in cutlass.range_constexpr(n_cols):
+                    total = total + dS_mn[r, c] * d_mn[r, c]
+            for k in cutlass.range_constexpr(5):
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=16 >> k)
+            if cute.arch.lane_idx() == 0:
+                _add_at(load, target, coords, key0, rows, seqlen, at, 0, 0, total)
+        elif cutlass.const_expr(not uses_kv):
+            for r in cutlass.range_constexpr(n_rows):
+                total = cutlass.Float32(0.0)
+                for c in cutlass.range_constexpr(n_cols):
+                    total = total + dS_mn[r, c] * d_mn[r, c]
+                _add_at(load, target, coords, key0, rows, seqlen, at, r, 0, total)
+        elif cutlass.const_expr(not uses_q):
+            for c in cutlass.range_constexpr(n_cols):
+                total = cutlass.Float32(0.0)
+                for r in cutlass.range_constexpr(n_rows):
+                    total = total + dS_mn[r, c] * d_mn[r, c]
+                _add_at(load, target, coords, key0, rows, seqlen, at, 0, c, total)
+        else:
+            for r in cutlass.range_constexpr(n_rows):
+                for c in cutlass.range_constexpr(n_cols):
+                    value = dS_mn[r, c] * d_mn[r, c]
+                    if value != 0.0:
+                        _add_at(load, target, coords, key0, rows, seqlen, at, r, c, value)
+
+
+@cute.jit
+def _add_at(load: cutlass.Constexpr, target: cute.Tensor, coords, key0, rows: cutlass.Constexpr,
+            seqlen, at, r: cutlass.Constexpr, c: cutlass.Constexpr, value):
+    """target[load's indices at the tile's score (r, c)] += value (a float32 reduction)."""
+    q_idx = cutlass.min(rows.query(coords.query0 + coords.row_offsets[r]), seqlen.seqlen_q - 1)
+    kv_idx = cutlass.min(key0 + coords.col_offsets[c], seqlen.seqlen_k - 1)
+    leaves = dict(b=at.batch, h=rows.head(at.head0, coords.query0), q_idx=q_idx, kv_idx=kv_idx)
+    values = emit_values(_Indices(load), leaves, at.captures)
+    index = tuple(values[a] for a in load.args)
+    offset = cute.crd2idx(index, target.layout) if cutlass.const_expr(len(index) > 0) else 0
+    cute.arch.red(target.iterator + offset, value, op="add", dtype="f32", sem="relaxed",
+                  scope="gpu")
+
+
+@dataclass(frozen=True)
+class _Indices:
+    """A load's index values as a graph to emit: its nodes up to (not including) the load."""
+
+    load: object
+
+    def nodes(self) -> list:
+        seen, order = set(), []
+
+        def visit(node):
+            if node in seen:
+                return
+            for arg in node.args:
+                visit(arg)
+            seen.add(node)
+            order.append(node)
+        for arg in self.load.args:
+            visit(arg)
+        return order
