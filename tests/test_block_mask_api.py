@@ -287,3 +287,29 @@ def test_mods_take_the_128_row_wgmma_tile(launches, heads_q, pack):
     (key, _), (plain, _) = recorded
     assert (key.tile.block_m, key.tile.block_n) == (128, 128) and key.backend == "sm90"
     assert key.pack_gqa == pack and plain.tile.block_m == 192
+
+
+@pytest.mark.parametrize("block", [128, 64])
+def test_block_mask_backward_reads_the_kinds(launches, block):
+    """A block-sparse call autograd records: the forward walks the lists; the mma.sync
+    backward visits every key block with the mask as a mask_mod over the blocks' kinds
+    (`exact_mask_mod`), the kinds its last score tensor, once (blocks of 64: the forward's
+    128-row tile reads them already)."""
+    from cute_fa.mods.block_mask import exact_mask_mod, from_torch
+    from cute_fa.mods.trace import trace_mask_mod
+
+    recorded, _ = launches
+    torch_mask, _ = hand_built(block=block, heads=4)
+    q, k, v = (t.requires_grad_() for t in qkv(b=1, d=128))
+    cute_fa.forward(q, k, v, block_mask=torch_mask, backend="sm90").sum().backward()
+    bm = from_torch(torch_mask)
+    exact = exact_mask_mod(trace_mask_mod(bm.mask_mod)[0], (block, block))
+    forward = [(key, args) for key, args in recorded if key.backend == "sm90"]
+    (fkey, fargs), = forward
+    assert fkey.block_sparse and fkey.mask_mod == (exact if block == 64 else
+                                                   trace_mask_mod(bm.mask_mod)[0])
+    (bkey, bargs), = [(key, args) for key, args in recorded if key.backend == "bwd_sm80"]
+    assert not bkey.block_sparse and bkey.mask_mod == exact
+    tensors = named_arguments(bkey, bargs)["score_tensors"]
+    assert len(tensors) == 1 and tensors[0] is bm.block_kinds(1, 4)
+    assert q.grad is not None and k.grad is not None

@@ -192,3 +192,24 @@ def test_backward_with_capture_grads_compiles(arch, name):
     assert added == per_warp if per_warp else added > 1, added
     with pytest.raises(ValueError, match="capture_grads must be ascending slots"):
         dataclasses.replace(plain, capture_grads=(1,))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_backward_with_a_block_mask_compiles(arch):
+    """The mma.sync backward of a block-sparse call: the mask as a mask_mod over the blocks'
+    kinds (`block_mask.exact_mask_mod`, one int32 load per score beside the document mask's
+    own), within tuning.MOD_SPILL_BUDGET."""
+    import dataclasses
+
+    from cute_fa.compile.build import compile_kernel
+    from cute_fa.compile.ptxas import ptxas_resources
+    from cute_fa.mods.block_mask import exact_mask_mod
+    from cute_fa.tuning import MOD_SPILL_BUDGET
+    from cute_fa.tuning_bwd import bwd_keys
+
+    mask = exact_mask_mod(trace_mask_mod(MASKS["document"])[0], (128, 128))
+    key = dataclasses.replace(bwd_keys(arch, "bfloat16", 128, False, backend="sm80")[1],
+                              mask_mod=mask)
+    res = ptxas_resources(compile_kernel(key, keep_ptx=True).__ptx__, arch)
+    assert res["spill_stores"] <= MOD_SPILL_BUDGET and res["spill_loads"] <= MOD_SPILL_BUDGET, \
+        res["log"]

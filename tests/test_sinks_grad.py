@@ -29,7 +29,7 @@ def reference_kernels(launches, monkeypatch):
     """run_forward / run_backward as float64 attention (the backward's dq, dk, dv by autograd
     of the same function)."""
     def run_forward(call, plan, q, k, v, cu_seqlens_q=None, cu_seqlens_k=None,
-                    return_lse=True, score_tensors=None):  # noqa: ARG001
+                    return_lse=True, score_tensors=None, block_mask=None):  # noqa: ARG001
         sinks = score_tensors[-1]
         if cu_seqlens_q is not None:
             o, lse = sink_attention(q[None], k[None], v[None], sinks, call.softmax_scale)
@@ -73,13 +73,3 @@ def test_ragged_sink_gradient(reference_kernels):
     o_ref, _ = sink_attention(q.detach()[None], k[None], v[None], ref_sinks, 16 ** -0.5)
     o_ref.backward(dout.double()[None])
     assert torch.allclose(sinks.grad.double(), ref_sinks.grad, rtol=2e-2, atol=1e-3)
-
-
-def test_block_mask_refuses_grad(launches):
-    from cute_fa.mods.block_mask import create_block_mask
-
-    q = torch.randn(2, 50, 4, 16, dtype=torch.bfloat16)
-    sinks = torch.zeros(4, requires_grad=True)
-    with pytest.raises(ValueError, match="block_mask has no backward yet"):
-        cute_fa.forward(q, q[:, :, :2], q[:, :, :2], sinks=sinks, block_mask=create_block_mask(
-            lambda b, h, qi, kv: qi >= kv, None, None, 50, 50))

@@ -4,6 +4,8 @@ host. torch.compile traces the custom ops of `api.ops` instead, which run the sa
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..runtime.call import RAGGED, AttentionCall, backward_of
@@ -13,12 +15,16 @@ from ..runtime.run import kernel_ready, run_backward, run_forward, score_tensors
 
 
 def _backward(ctx, dout, cu_seqlens_q=None, cu_seqlens_k=None, score_tensors=None,
-              capture_grads: tuple = ()) -> tuple:
+              capture_grads: tuple = (), features=None) -> tuple:
     """(dq, dk, dv) of a recorded call, whose q, k, v, o, lse the context saved first;
     score_tensors: the tensors its mods read (`runtime.run.score_tensors`), then the float32
-    gradients of its score_mod's captures in the slots capture_grads, which the kernel adds to."""
+    gradients of its score_mod's captures in the slots capture_grads, which the kernel adds
+    to; features: the backward's score features where they are not the forward's (a block
+    mask's, `BlockBackward`)."""
     q, k, v, o, lse = ctx.saved_tensors[:5]
     call = backward_of(ctx.call, ctx.deterministic)._replace(capture_grads=capture_grads)
+    if features is not None:
+        call = call._replace(features=features)
     return run_backward(call, plan(call, device(call.device_index)), kernel_ready(dout), q, k,
                         v, o, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                         score_tensors=score_tensors)
@@ -69,6 +75,17 @@ class _RaggedAttention(torch.autograd.Function):
         return (None, None) + _backward(ctx, dout, cu_q, cu_k) + (None, None)
 
 
+class BlockBackward(NamedTuple):
+    """A block-sparse call's backward (`api.mods.block_backward`): its forward's block mask
+    (whose lists the forward kernel walks), the backward's score features (the mask as a
+    mask_mod that reads the blocks' kinds, `mods.block_mask.exact_mask_mod`: the backward
+    visits every key block) and the tensors that mask_mod reads past the forward's captures."""
+
+    block_mask: object
+    features: object
+    extra: tuple
+
+
 class _ScoredAttention(torch.autograd.Function):
     """`_Attention` (dense or ragged) with what the scores read: the mods' captured tensors
     and attention sinks, each with its gradient where it requires one. A float tensor the
@@ -81,14 +98,16 @@ class _ScoredAttention(torch.autograd.Function):
     the backward kernel runs them again (`call.features`, its key)."""
 
     @staticmethod
-    def forward(ctx, call, deterministic, q, k, v, sinks, cu_seqlens_q, cu_seqlens_k,
+    def forward(ctx, call, deterministic, blocks, q, k, v, sinks, cu_seqlens_q, cu_seqlens_k,
                 *captures):
         o, lse = run_forward(call, plan(call, device(call.device_index)), q, k, v,
                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                             return_lse=True, score_tensors=score_tensors(captures, sinks))
+                             return_lse=True, score_tensors=score_tensors(captures, sinks),
+                             block_mask=blocks.block_mask if blocks is not None else None)
         ragged = call.layout == RAGGED
         _record(ctx, call, deterministic, lse, q, k, v, o, lse, sinks,
                 *((cu_seqlens_q, cu_seqlens_k) if ragged else (None, None)), *captures)
+        ctx.blocks = blocks
         return o, lse
 
     @staticmethod
@@ -100,11 +119,13 @@ class _ScoredAttention(torch.autograd.Function):
         captures = ctx.saved_tensors[8:]
         score_mod = ctx.call.features.score_mod
         slots = tuple(i for i in range(len(score_mod.captures) if score_mod is not None else 0)
-                      if ctx.needs_input_grad[8 + i] and captures[i].is_floating_point())
+                      if ctx.needs_input_grad[9 + i] and captures[i].is_floating_point())
         grads = tuple(torch.zeros(captures[i].shape or (1,), device=dout.device,
                                   dtype=torch.float32) for i in slots)
-        dq, dk, dv = _backward(ctx, dout, cu_q, cu_k,
-                               (score_tensors(captures) or ()) + grads or None, slots)
+        blocks = ctx.blocks
+        read = captures + (blocks.extra if blocks is not None else ())
+        dq, dk, dv = _backward(ctx, dout, cu_q, cu_k, (score_tensors(read) or ()) + grads or None,
+                               slots, blocks.features if blocks is not None else None)
         dcaptures = [None] * len(captures)
         for i, grad in zip(slots, grads):
             dcaptures[i] = grad.reshape(captures[i].shape).to(captures[i].dtype)
@@ -118,18 +139,21 @@ class _ScoredAttention(torch.autograd.Function):
                 p_sink = torch.exp(sinks.float()[None, :, None] - lse)
                 dsinks = -(p_sink * d.transpose(1, 2)).sum((0, 2))
             dsinks = dsinks.to(sinks.dtype)
-        return (None, None, dq, dk, dv, dsinks, None, None) + tuple(dcaptures)
+        return (None, None, None, dq, dk, dv, dsinks, None, None) + tuple(dcaptures)
 
 
 def attention(call: AttentionCall, deterministic: bool, q, k, v, cu_seqlens_q=None,
-              cu_seqlens_k=None, sinks=None, captures: tuple = ()) -> tuple:
+              cu_seqlens_k=None, sinks=None, captures: tuple = (),
+              blocks: BlockBackward | None = None) -> tuple:
     """(o, lse) recorded by autograd; lse None unless the call returns it. sinks: the call's
     sink logits, (heads_q,), whose gradient autograd gets too; captures: its mods' captured
-    tensors (their gradients where they require one, `_ScoredAttention`)."""
+    tensors (their gradients where they require one, `_ScoredAttention`); blocks: a
+    block-sparse call's block mask and backward."""
     f = call.features
-    if sinks is not None or f.score_mod is not None or f.mask_mod is not None:
-        o, lse = _ScoredAttention.apply(call, deterministic, q, k, v, sinks, cu_seqlens_q,
-                                        cu_seqlens_k, *captures)
+    if sinks is not None or f.score_mod is not None or f.mask_mod is not None \
+            or blocks is not None:
+        o, lse = _ScoredAttention.apply(call, deterministic, blocks, q, k, v, sinks,
+                                        cu_seqlens_q, cu_seqlens_k, *captures)
     elif call.layout == RAGGED:
         o, lse = _RaggedAttention.apply(call, deterministic, q, k, v, cu_seqlens_q,
                                         cu_seqlens_k)

@@ -23,7 +23,7 @@ def flex_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     defaults to 1/sqrt(head_dim). Returns out (batch, heads, seqlen_q, head_dim), and with
     return_lse the natural-log LSE (batch, heads, seqlen_q). Where key and value have fewer
     heads than query (GQA), enable_gqa must be True, as in torch. What `forward`'s score_mod,
-    block_mask and sinks document holds here (gradients as there: none with a block mask)."""
+    block_mask and sinks document holds here, their gradients included."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         check_tensor(name, t, "(batch, heads, seqlen, head_dim)")
     if not isinstance(enable_gqa, bool):

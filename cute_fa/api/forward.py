@@ -19,8 +19,8 @@ from ..runtime.device import device
 from ..runtime.plan import plan
 from ..runtime.run import run_forward, run_merge, score_tensors
 from . import autograd, ops
-from .mods import (NONE, TracedMods, exact_blocks, needs_grad, refuse_under_compile,
-                   refuse_without_backward, trace_mods, with_mods)
+from .mods import (NONE, TracedMods, block_backward, exact_blocks, needs_grad,
+                   refuse_under_compile, refuse_without_backward, trace_mods, with_mods)
 from .checks import (SDPA_NAMES, as_bool, as_deterministic, check_forward, check_merge,
                      check_tensor, decode_call, plain_call, tracing, window_ints)
 
@@ -58,9 +58,16 @@ def _attend(call: AttentionCall, q, k, v, out, deterministic, original: tuple, *
     elif requires_grad(q, k, v) or needs_grad(mods):
         refuse_without_backward(mods)
         _refuse_without_backward(call, out)
+        blocks = None
+        if mods.block_mask is not None:
+            blocks, read = block_backward(call, mods), len(mods.captures)
+            call, mods, _ = exact_blocks(call, mods, plan(call, device(call.device_index)),
+                                         lambda c: plan(c, device(c.device_index)))
+            if len(mods.captures) > read:  # the forward reads the kinds already
+                blocks = blocks._replace(extra=())
         o, lse = autograd.attention(call, as_deterministic(deterministic), q, k, v,
                                     cu_seqlens_q, cu_seqlens_k, sinks=mods.sinks,
-                                    captures=mods.captures)
+                                    captures=mods.captures, blocks=blocks)
     else:
         planned = plan(call, device(call.device_index))
         if mods.block_mask is not None:
@@ -193,8 +200,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     without a mask_mod), none of an unlisted block. Each query tile visits only the key
     tiles that meet listed blocks, on a tile that fits inside the mask's blocks where the
     kernel has one (`tuning.mods_tile`), else reading the blocks' kinds per score. Dense
-    calls without causal or a window (the mask says them); the sm80 and sm90 kernels; no
-    backward yet.
+    calls without causal or a window (the mask says them); the sm80 and sm90 kernels.
+    Differentiable: the backward masks every key block by the blocks' kinds (it skips none).
 
     Gradients: where q, k or v require grad, the output's grad_fn runs cute_fa's backward
     kernels (`cute_fa.backward`); lse is returned as a non-differentiable output. deterministic:

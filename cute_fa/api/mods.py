@@ -139,16 +139,10 @@ def exact_blocks(call: AttentionCall, mods: TracedMods, planned, plan_of: Callab
     it (`exact_mask_mod`, re-planned by plan_of(call)), so that an unlisted block's scores
     in a listed tile are dropped and a full block's kept whatever the mask_mod says, as
     FlexAttention does. Unchanged where the tiles lie inside the blocks."""
-    from ..mods.block_mask import exact_mask_mod
-
     mask, tile = mods.block_mask, planned.key.tile
     if mask.aligned(tile.block_m, tile.block_n):
         return call, mods, planned
-    held = mask._tiles.get(("exact", mods.mask_mod))
-    if held is None:
-        held = mask._tiles[("exact", mods.mask_mod)] = exact_mask_mod(mods.mask_mod,
-                                                                      mask.block_size)
-    mods = mods._replace(mask_mod=held, captures=mods.captures + (
+    mods = mods._replace(mask_mod=_exact(mods), captures=mods.captures + (
         mask.block_kinds(call.batch, call.heads_q),))
     call = with_mods(call, mods)
     return call, mods, plan_of(call)
@@ -162,13 +156,33 @@ def needs_grad(mods: TracedMods) -> bool:
         or any(t.requires_grad for t in mods.captures))
 
 
+def block_backward(call: AttentionCall, mods: TracedMods):
+    """The backward of a block-sparse call (`api.autograd.BlockBackward`): the mask as a
+    mask_mod reading the blocks' kinds (`exact_mask_mod`) among the forward's features, no
+    block list (the backward visits every key block: each masked there, none skipped), the
+    kinds the one tensor more it reads. Made from the call's mods before `exact_blocks`."""
+    from .autograd import BlockBackward
+
+    mask = mods.block_mask
+    features = call.features._replace(mask_mod=_exact(mods), block_sparse=())
+    return BlockBackward(mask, features, (mask.block_kinds(call.batch, call.heads_q),))
+
+
+def _exact(mods: TracedMods):
+    """`exact_mask_mod` of the call's mask_mod and block mask, made once per mask and graph."""
+    from ..mods.block_mask import exact_mask_mod
+
+    mask = mods.block_mask
+    held = mask._tiles.get(("exact", mods.mask_mod))
+    if held is None:
+        held = mask._tiles[("exact", mods.mask_mod)] = exact_mask_mod(mods.mask_mod,
+                                                                      mask.block_size)
+    return held
+
+
 def refuse_without_backward(mods: TracedMods) -> None:
-    """What a call autograd must record cannot have yet: a block mask (no block-sparse
-    backward), a score_mod indexing a captured tensor that requires grad through the score
-    (`mods.grad.capture_derivatives` refuses it)."""
-    if mods.block_mask is not None:
-        raise ValueError("block_mask has no backward yet: call under torch.no_grad() or with "
-                         "q, k, v (and sinks, captured tensors) that do not require grad")
+    """What a call autograd must record cannot have: a score_mod indexing a captured tensor
+    that requires grad through the score (`mods.grad.capture_derivatives` refuses it)."""
     if mods.score_mod is not None:
         from ..mods.grad import capture_derivatives
 

@@ -4,7 +4,7 @@
 # $OUT; the compile cache (/tmp/cfa) is shared across the calls.
 #   run.sh tests  part b of the DSL; the mods' GPU tests (FASTMATH and WHOLE_TILES on, block
 #                 masks on tiles fitted to their blocks or reading their kinds, head_dim 64's
-#                 128-row tile with mods) and the wgmma forward's
+#                 128-row tile with mods, captured tensors' gradients, block masks' backward)
 #   run.sh bench [SEQLENS]  the mods against FlexAttention and the built-ins
 #                 (../2026-12-06-mods/bench_mods.py, unchanged), S 1k, 4k and 16k by default
 #   run.sh ab [SEQLENS]     ab_mod_tiles.py: the tiles for mods, new against old
@@ -20,10 +20,7 @@ case $1 in
     python -c "import torch; print(torch.__version__, torch.version.cuda)" >> "$OUT"/env.txt
     timeout ${MODS_S:-300} $pytest tests/test_mod_probe_gpu.py tests/test_mods_gpu.py \
       > "$OUT"/mods_gpu_tests.log 2>&1
-    tail -3 "$OUT"/mods_gpu_tests.log
-    timeout ${SM90_S:-120} $pytest tests/test_forward_gpu.py -k "sm90 or persistent_forward" \
-      tests/test_pack_gqa_gpu.py > "$OUT"/sm90_gpu_tests.log 2>&1
-    tail -3 "$OUT"/sm90_gpu_tests.log ;;
+    tail -3 "$OUT"/mods_gpu_tests.log ;;
   bench)
     timeout ${BENCH_S:-560} python docs/perf/2026-12-06-mods/bench_mods.py "$OUT" \
       ${2:-1024,4096,16384} bench_mods > "$OUT"/bench_mods.log 2>&1
