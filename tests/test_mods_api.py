@@ -275,3 +275,34 @@ def test_sinks_refusals(launches):
     with torch.no_grad():
         cute_fa.forward(*qkv(), sinks=torch.zeros(8, requires_grad=True))
     assert len(recorded) == 1
+
+
+def test_mods_run_eagerly_under_torch_compile(launches):
+    """Under torch.compile (dynamo, the eager backend here) a call with mods, sinks or a block
+    mask runs eagerly behind a graph break: forward, sdpa and forward_varlen launch the same
+    keys as eager calls, and autograd runs the mma.sync backward with the mods."""
+    from cute_fa.mods.block_mask import create_block_mask
+
+    recorded, _ = launches
+    q, k, v = (t.requires_grad_() for t in qkv())
+    sinks = torch.zeros(8)
+    bm = create_block_mask(document, 2, None, 300, 300)
+
+    def step(q, k, v):
+        o = cute_fa.forward(q, k, v, score_mod=alibi, mask_mod=document) * 2
+        o = o + cute_fa.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                             block_mask=bm).transpose(1, 2)
+        cu = torch.tensor([0, 300, 600], dtype=torch.int32)
+        ragged = cute_fa.forward_varlen(q.reshape(600, 8, 64), k.reshape(600, 2, 64),
+                                        v.reshape(600, 2, 64), cu, cu, 300, 300, sinks=sinks)
+        return o + ragged.reshape(2, 300, 8, 64)
+
+    torch.compile(step, backend="eager")(q, k, v).sum().backward()
+    keys = [key for key, _ in recorded]
+    forward = [key for key in keys if key.backend == "sm90"]
+    assert [(key.score_mod is not None, key.block_sparse, key.varlen_q, key.sinks)
+            for key in forward] == [(True, False, False, False), (False, True, False, False),
+                                    (False, False, True, True)]
+    backward = [key for key in keys if key.backend == "bwd_sm80"]
+    assert any(key.score_mod is not None and key.mask_mod is not None for key in backward)
+    assert q.grad is not None

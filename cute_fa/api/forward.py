@@ -45,6 +45,20 @@ def _refuse_without_backward(call: AttentionCall, out) -> None:
                          "grad")
 
 
+def _mods_under_compile(score_mod, mask_mod, sinks, block_mask) -> bool:
+    """Whether a call with mods, sinks or a block mask is being traced by torch.compile: it
+    then runs eagerly, behind a graph break (`_eager`), as its Python functions are traced
+    into the kernel at the call and its captured tensors read there."""
+    return (score_mod is not None or mask_mod is not None or sinks is not None
+            or block_mask is not None) and torch.compiler.is_compiling()
+
+
+def _eager(fn):
+    """fn, called outside the graph torch.compile traces (a graph break, then fn eagerly on
+    the real tensors, autograd recording it as an eager call)."""
+    return torch.compiler.disable(fn, recursive=True)
+
+
 def _attend(call: AttentionCall, q, k, v, out, deterministic, original: tuple, *,
             cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
             mods: TracedMods = NONE):
@@ -189,7 +203,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     and score_mod's derivative, `cute_fa.mods.grad`) and in the float tensors the score_mod
     captures (a bias table, slopes: their gradients are summed by the backward kernel; a
     tensor the mask_mod captures gets none, a mask being piecewise constant). Not with
-    softcap (write it into the score_mod) or torch.compile yet.
+    softcap (write it into the score_mod). Under torch.compile a call with mods, sinks or a
+    block mask runs eagerly behind a graph break (fullgraph=True refuses that).
     sinks: float (heads_q,), one logit per query head (gpt-oss's attention sinks, HF's
     s_aux): each row's softmax has one more term, exp(sinks[h]), of a key with value 0, so
     the weights of the real keys sum to less than one; lse includes it. Differentiable: where
@@ -221,6 +236,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
         call = plain_call(q, k, v, out, softmax_scale, causal, return_lse, backend)
     mods = NONE
     if call is None:
+        if _mods_under_compile(score_mod, mask_mod, sinks, block_mask):
+            return _eager(forward)(q, k, v, causal, softmax_scale, return_lse, out, backend,
+                                   window_size=window_size, softcap=softcap,
+                                   seqused_k=seqused_k, page_table=page_table,
+                                   num_splits=num_splits, deterministic=deterministic,
+                                   score_mod=score_mod, mask_mod=mask_mod, sinks=sinks,
+                                   block_mask=block_mask)
         call = check_forward(DENSE, q, k, v, out=out, softmax_scale=softmax_scale,
                              causal=causal, return_lse=return_lse, backend=backend,
                              window_size=window_size, softcap=softcap, seqused_k=seqused_k,
@@ -242,6 +264,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = Fa
     Top-left causal, as torch does; same kernel as `forward`, reached through strides, and
     differentiable as `forward` is. score_mod, mask_mod, sinks, block_mask: `forward`'s.
     """
+    if _mods_under_compile(score_mod, mask_mod, sinks, block_mask):
+        return _eager(sdpa)(q, k, v, is_causal, scale, backend, deterministic=deterministic,
+                            score_mod=score_mod, mask_mod=mask_mod, sinks=sinks,
+                            block_mask=block_mask)
     if deterministic is not None:
         as_bool("deterministic", deterministic)
     for name, t in (("q", q), ("k", k), ("v", v)):  # before the transposes below
@@ -329,6 +355,12 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     score_mod, mask_mod: `forward`'s, b being the sequence and q_idx, kv_idx positions in it;
     sinks: `forward`'s.
     """
+    if _mods_under_compile(score_mod, mask_mod, sinks, None):
+        return _eager(forward_varlen)(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+            softmax_scale, window_size, softcap, return_lse, out, backend, seqused_k=seqused_k,
+            page_table=page_table, deterministic=deterministic, score_mod=score_mod,
+            mask_mod=mask_mod, sinks=sinks)
     if deterministic is not None:
         as_bool("deterministic", deterministic)
     call = check_forward(RAGGED, q, k, v, out=out, softmax_scale=softmax_scale, causal=causal,

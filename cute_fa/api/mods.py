@@ -192,6 +192,10 @@ def refuse_without_backward(mods: TracedMods) -> None:
 
 
 def refuse_under_compile(mods: TracedMods) -> None:
+    """Mods met on fake tensors outside torch.compile (make_fx, export's tracing): their
+    Python functions and captured tensors are read at the call, which a graph cannot hold
+    (under torch.compile the call runs eagerly behind a graph break instead)."""
     if mods:
-        raise ValueError("score_mod, mask_mod and sinks do not run under torch.compile yet: "
-                         "call the function eagerly (torch.compiler.disable)")
+        raise ValueError("score_mod, mask_mod, sinks and block_mask cannot be traced into a "
+                         "graph (make_fx, torch.export); under torch.compile they run eagerly, "
+                         "behind a graph break")
