@@ -106,7 +106,10 @@ def qkv(b=2, sq=1000, sk=1000, hq=4, hk=2, d=64):
 
 @pytest.mark.parametrize("backend, kernel", [("auto", "sm90"), ("sm90", "sm90"),
                                              ("sm80", "sm80")])
-def test_block_mask_plans_a_block_sparse_kernel(launches, backend, kernel):
+def test_block_mask_plans_a_block_sparse_kernel(launches, monkeypatch, backend, kernel):
+    from cute_fa.mods import block_mask
+
+    monkeypatch.setattr(block_mask, "WHOLE_TILES", True)  # no kinds: the lists and the mask_mod
     recorded, _ = launches
     bm = create_block_mask(document_causal, 2, None, 1000, 1000)
     cute_fa.forward(*qkv(), block_mask=bm, backend=backend)
@@ -222,10 +225,13 @@ def test_exact_mask_mod_is_what_the_blocks_say():
                                                      (256, "sm90", (128, 64)),
                                                      (128, "sm90", (128, 128)),
                                                      (64, "sm80", (128, 64))])
-def test_block_mask_tiles_fit_its_blocks(launches, head_dim, backend, tile):
+def test_block_mask_tiles_fit_its_blocks(launches, monkeypatch, head_dim, backend, tile):
     """A block-sparse call runs a tile whose rows and keys lie inside the mask's blocks of 128
     (the wgmma kernel's 192 x 128 at head_dim 64, 128 x 112 at 192 and 128 x 80 at 256 would
-    straddle them), and then the mask_mod as it is."""
+    straddle them), and then, where tiles inside full blocks skip it, the mask_mod as it is."""
+    from cute_fa.mods import block_mask
+
+    monkeypatch.setattr(block_mask, "WHOLE_TILES", True)
     recorded, _ = launches
     torch_mask, _ = hand_built(heads=4)
     q, k, v = qkv(b=1, d=head_dim)
@@ -237,12 +243,34 @@ def test_block_mask_tiles_fit_its_blocks(launches, head_dim, backend, tile):
     assert counts.shape == (1, 4, -(-1000 // tile[0]))
 
 
-def test_block_mask_of_blocks_the_tile_cannot_fit(launches):
+def test_block_mask_without_whole_tiles_reads_the_kinds(launches, monkeypatch):
+    """Where tiles inside full blocks run the mask_mod (`block_mask.WHOLE_TILES` off), a full
+    block's scores would follow the mask_mod: the kernel reads the blocks' kinds, on a tile
+    that fits the blocks too; a mask without a mask_mod needs no kinds."""
+    from cute_fa.mods import block_mask
+    from cute_fa.mods.block_mask import exact_mask_mod, from_torch
+    from cute_fa.mods.trace import trace_mask_mod
+
+    monkeypatch.setattr(block_mask, "WHOLE_TILES", False)
+    recorded, _ = launches
+    torch_mask, _ = hand_built(heads=4)
+    cute_fa.forward(*qkv(b=1, d=128), block_mask=torch_mask, backend="sm90")
+    (key, args), = recorded
+    bm = from_torch(torch_mask)
+    assert (key.tile.block_m, key.tile.block_n) == (128, 128)
+    assert key.mask_mod == exact_mask_mod(trace_mask_mod(bm.mask_mod)[0], (128, 128))
+    assert named_arguments(key, args)["score_tensors"][0] is bm.block_kinds(1, 4)
+
+
+def test_block_mask_of_blocks_the_tile_cannot_fit(launches, monkeypatch):
     """Blocks of 64 query rows, on the wgmma kernel (128-row tiles at least): the tile keeps
     its shape and the mask_mod becomes the blocks' kinds with it (`exact_mask_mod`), the
-    kinds its last captured tensor, before the lists."""
+    kinds its last captured tensor, before the lists; the cp.async kernel's 64 x 64 tile
+    fits them."""
+    from cute_fa.mods import block_mask
     from cute_fa.mods.block_mask import exact_mask_mod, from_torch
 
+    monkeypatch.setattr(block_mask, "WHOLE_TILES", True)
     recorded, _ = launches
     torch_mask, _ = hand_built(block=64, heads=4)
     cute_fa.forward(*qkv(b=1, d=128), block_mask=torch_mask, backend="sm90")
@@ -290,14 +318,16 @@ def test_mods_take_the_128_row_wgmma_tile(launches, heads_q, pack):
 
 
 @pytest.mark.parametrize("block", [128, 64])
-def test_block_mask_backward_reads_the_kinds(launches, block):
+def test_block_mask_backward_reads_the_kinds(launches, monkeypatch, block):
     """A block-sparse call autograd records: the forward walks the lists; the mma.sync
     backward visits every key block with the mask as a mask_mod over the blocks' kinds
     (`exact_mask_mod`), the kinds its last score tensor, once (blocks of 64: the forward's
     128-row tile reads them already)."""
+    from cute_fa.mods import block_mask
     from cute_fa.mods.block_mask import exact_mask_mod, from_torch
     from cute_fa.mods.trace import trace_mask_mod
 
+    monkeypatch.setattr(block_mask, "WHOLE_TILES", True)
     recorded, _ = launches
     torch_mask, _ = hand_built(block=block, heads=4)
     q, k, v = (t.requires_grad_() for t in qkv(b=1, d=128))

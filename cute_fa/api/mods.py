@@ -138,9 +138,14 @@ def exact_blocks(call: AttentionCall, mods: TracedMods, planned, plan_of: Callab
     mask's blocks (`BlockMask.aligned`): its mask_mod becomes the mask's block kinds with
     it (`exact_mask_mod`, re-planned by plan_of(call)), so that an unlisted block's scores
     in a listed tile are dropped and a full block's kept whatever the mask_mod says, as
-    FlexAttention does. Unchanged where the tiles lie inside the blocks."""
+    FlexAttention does. Unchanged where the tiles lie inside the blocks and the kernel skips
+    the mask_mod on tiles inside full blocks (`block_mask.WHOLE_TILES`), or there is no
+    mask_mod."""
+    from ..mods import block_mask
+
     mask, tile = mods.block_mask, planned.key.tile
-    if mask.aligned(tile.block_m, tile.block_n):
+    if mask.aligned(tile.block_m, tile.block_n) and (block_mask.WHOLE_TILES
+                                                     or mods.mask_mod is None):
         return call, mods, planned
     mods = mods._replace(mask_mod=_exact(mods), captures=mods.captures + (
         mask.block_kinds(call.batch, call.heads_q),))

@@ -21,7 +21,7 @@ from .trace import trace_mask_mod
 # kernels then skip (as FlexAttention skips its full blocks'). The kernels read both forms;
 # compiled and checked on the CPU, off until the GPU tests and timing of
 # docs/perf/2026-12-06-mods-speed/run.sh.
-WHOLE_TILES = True
+WHOLE_TILES = False
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def _floor_mod(a, b):
 # built-in's time (docs/perf/2026-12-06-mods/). Compiled and checked on the CPU
 # (tests/test_compile_mods.py); off until its GPU tests and timing run
 # (docs/perf/2026-12-06-mods-speed/run.sh).
-FASTMATH = True
+FASTMATH = False
 _UNARY = {"neg": lambda a: -a, "abs": abs,
           "exp": lambda a: cute.math.exp(a, fastmath=FASTMATH),
           "tanh": lambda a: cute.math.tanh(a, fastmath=FASTMATH),
