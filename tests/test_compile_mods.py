@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 
 from cute_fa.mods import trace_mask_mod, trace_score_mod  # noqa: E402
-from test_mods_trace import MASKS, SCORES  # noqa: E402
+from test_mods_trace import MASKS, SCORES, SLOPES  # noqa: E402
 
 ARCHS = ["sm_80", "sm_90a", "sm_120a"]
 CASES = [(trace_mask_mod, name, MASKS[name]) for name in sorted(MASKS)] + \
@@ -158,8 +158,13 @@ CAPTURE_GRAD_MODS = {  # name -> (score_mod, float32 reductions a thread adds pe
     "per_key": (lambda s, b, h, q, kv: s * KEY_GATE[kv], None),
     "per_score": (lambda s, b, h, q, kv: s + RELATIVE[h, q - kv + 999], None),
     "scalar": (SCORES["scalar_capture"], 1),
+    # two loads of one table (one gradient, a sum per warp each) beside a table that requires
+    # grad but reaches the result only through a comparison (no sums at all)
+    "two_loads": (lambda s, b, h, q, kv: s + SLOPES[h] * (kv - q) + SLOPES[(h + 1) % 4]
+                  + __import__("torch").where(GATE_F32[h] > 0, 1.0, 0.0), 2),
 }
 QUERY_BIAS, KEY_GATE = __import__("torch").rand(1000), __import__("torch").rand(1000)
+GATE_F32 = __import__("torch").randn(4)
 RELATIVE = __import__("torch").rand(4, 2000)
 
 
@@ -181,7 +186,8 @@ def test_backward_with_capture_grads_compiles(arch, name):
     fn, per_warp = CAPTURE_GRAD_MODS[name]
     plain = dataclasses.replace(bwd_keys(arch, "bfloat16", 128, True, backend="sm80")[1],
                                 score_mod=trace_score_mod(fn)[0])
-    key = dataclasses.replace(plain, capture_grads=(0,))
+    floats = [c.slot for c in plain.score_mod.captures if c.dtype.startswith("float")]
+    key = dataclasses.replace(plain, capture_grads=tuple(floats))
     ptx = compile_kernel(key, keep_ptx=True).__ptx__
     res = ptxas_resources(ptx, arch)
     assert res["spill_stores"] <= BUDGET and res["spill_loads"] <= BUDGET, res["log"]
@@ -191,7 +197,7 @@ def test_backward_with_capture_grads_compiles(arch, name):
     added = reductions(ptx) - reductions(compile_kernel(plain, keep_ptx=True).__ptx__)
     assert added == per_warp if per_warp else added > 1, added
     with pytest.raises(ValueError, match="capture_grads must be ascending slots"):
-        dataclasses.replace(plain, capture_grads=(1,))
+        dataclasses.replace(plain, capture_grads=(len(plain.score_mod.captures),))
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])

@@ -62,8 +62,9 @@ class FlashBwdBase:
         if key.score_mod is not None:  # d score_mod / d score, run next to the mod
             self.score_mod_grad = score_derivative(key.score_mod)
         # (load, d score_mod / d load) of the captured elements whose gradients are added
-        self.capture_pairs = capture_derivatives(key.score_mod, key.capture_grads) \
-            if getattr(key, "capture_grads", ()) else ()
+        self.capture_slots = getattr(key, "capture_grads", ())
+        self.capture_pairs = capture_derivatives(key.score_mod, self.capture_slots) \
+            if self.capture_slots else ()
         self.n_captures = len(key.mod_captures)
         self.varlen_q = key.varlen_q
         self.varlen_k = key.varlen_k
@@ -193,7 +194,7 @@ class FlashBwdBase:
             mods.add_capture_grads(
                 dS_mn, mods.TileCoords(thr.row_offsets, thr.col_offsets, query0), key0, _ROWS,
                 seqlen, mods.ModArgs(batch, head, score_tensors[:n_mods]), self.capture_pairs,
-                derivative_mns, score_tensors[self.n_captures:])
+                derivative_mns, self.capture_slots, score_tensors[self.n_captures:])
 
     def _dq_sync(self):
         raise NotImplementedError

@@ -167,11 +167,13 @@ def _reads(nodes, leaf: str) -> bool:
 
 @cute.jit
 def add_capture_grads(dS_mn: cute.Tensor, coords, key0, rows: cutlass.Constexpr, seqlen, at,
-                      pairs: cutlass.Constexpr, derivative_mns, grads):
+                      pairs: cutlass.Constexpr, derivative_mns, slots: cutlass.Constexpr, grads):
     """The backward's gradients of a score_mod's captured tensors: for each (load, d
     score_mod / d load) of pairs (`mods.grad.capture_derivatives`), with that derivative at
-    each score in derivative_mns (`apply_mods`' derivatives), grads[i][the load's indices] +=
-    dS_mn * derivative (dS_mn: dL / d score_mod, the tile's P (dP - D)), as float32
+    each score in derivative_mns (`apply_mods`' derivatives), the gradient of its tensor
+    (grads[j] for the tensor of slot slots[j]; a tensor may be read by several loads, or by
+    none that reaches the result)[the load's indices] += dS_mn * derivative (dS_mn: dL / d
+    score_mod, the tile's P (dP - D)), as float32
     reductions at L2. The tile's batch entry and head are one (a backward tile's), so a load
     that reads neither q_idx nor kv_idx adds one sum per warp, one that reads one of them a
     sum per row or column of the thread, else one reduction per score that is not 0 (a
@@ -181,7 +183,7 @@ def add_capture_grads(dS_mn: cute.Tensor, coords, key0, rows: cutlass.Constexpr,
     for i in cutlass.range_constexpr(len(pairs)):
         load = pairs[i][0]
         uses_q, uses_kv = _reads(load.args, "q_idx"), _reads(load.args, "kv_idx")
-        d_mn, target = derivative_mns[i], grads[i]
+        d_mn, target = derivative_mns[i], grads[slots.index(load.value.slot)]
         if cutlass.const_expr(not uses_q and not uses_kv):
             total = cutlass.Float32(0.0)
             for r in cutlass.range_constexpr(n_rows):
