@@ -343,3 +343,51 @@ def test_block_mask_backward_reads_the_kinds(launches, monkeypatch, block):
     tensors = named_arguments(bkey, bargs)["score_tensors"]
     assert len(tensors) == 1 and tensors[0] is bm.block_kinds(1, 4)
     assert q.grad is not None and k.grad is not None
+
+
+@pytest.mark.parametrize("tile", [(128, 128), (64, 128), (128, 64)])
+def test_query_tiles_are_the_key_lists_turned_around(tile):
+    """`BlockMask.query_tiles` (the backward's lists): key tile j lists query tile i exactly
+    where `kernel_blocks` lists j for i, ascending; every kept score's tile is listed."""
+    bm = create_block_mask(document_causal, 2, None, 1000, 900, block_size=(64, 128))
+    block_m, block_n = tile
+    counts, indices = bm.kernel_blocks(block_m, block_n, 2, 3, whole=False)
+    q_counts, q_indices = bm.query_tiles(block_m, block_n, 2, 3)
+    assert q_counts.shape == (2, 3, -(-900 // block_n))
+    assert q_indices.shape == q_counts.shape + (-(-1000 // block_m),)
+    kept = bm.dense()
+    for b in range(2):
+        for h in range(3):
+            pairs = {(i, j) for i in range(counts.shape[2])
+                     for j in indices[b, h, i, :counts[b, h, i]].tolist()}
+            for j in range(q_counts.shape[2]):
+                got = q_indices[b, h, j, :q_counts[b, h, j]].tolist()
+                assert got == sorted(got) and set(got) == {i for i, jj in pairs if jj == j}
+                cols = slice(j * block_n, (j + 1) * block_n)
+                need = {i for i in range(counts.shape[2])
+                        if kept[b, 0, i * block_m:(i + 1) * block_m, cols].any()}
+                assert need <= set(got), (b, h, j)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_sparse_backward_walks_the_query_lists(launches, monkeypatch, deterministic):
+    """With `block_mask.SPARSE_BACKWARD`, the mma.sync backward of a block mask is
+    block-sparse, its score tensors the kinds, then the query tile lists at its own tile;
+    deterministic (whose turns count every query block) visits every query block."""
+    from cute_fa.mods import block_mask
+
+    monkeypatch.setattr(block_mask, "SPARSE_BACKWARD", True)
+    monkeypatch.setattr(block_mask, "WHOLE_TILES", True)
+    recorded, _ = launches
+    torch_mask, _ = hand_built(heads=4)
+    q, k, v = (t.requires_grad_() for t in qkv(b=1, d=128))
+    cute_fa.forward(q, k, v, block_mask=torch_mask, deterministic=deterministic).sum().backward()
+    (key, args), = [(key, args) for key, args in recorded if key.backend == "bwd_sm80"]
+    tensors = named_arguments(key, args)["score_tensors"]
+    bm = block_mask.from_torch(torch_mask)
+    assert key.block_sparse != deterministic and tensors[0] is bm.block_kinds(1, 4)
+    if not deterministic:
+        want = bm.query_tiles(key.tile.block_m, key.tile.block_n, 1, 4)
+        assert len(tensors) == 3 and tensors[1] is want[0] and tensors[2] is want[1]
+    else:
+        assert len(tensors) == 1

@@ -201,10 +201,13 @@ def test_backward_with_capture_grads_compiles(arch, name):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_backward_with_a_block_mask_compiles(arch):
+@pytest.mark.parametrize("sparse", [False, True])
+def test_backward_with_a_block_mask_compiles(arch, sparse):
     """The mma.sync backward of a block-sparse call: the mask as a mask_mod over the blocks'
     kinds (`block_mask.exact_mask_mod`, one int32 load per score beside the document mask's
-    own), within tuning.MOD_SPILL_BUDGET."""
+    own), visiting every query block or (sparse, `BwdKey.block_sparse`) the listed ones,
+    within tuning.MOD_SPILL_BUDGET; sparse with a captured tensor's gradient too, whose
+    buffer follows the lists (one more reduction per warp)."""
     import dataclasses
 
     from cute_fa.compile.build import compile_kernel
@@ -215,7 +218,16 @@ def test_backward_with_a_block_mask_compiles(arch):
 
     mask = exact_mask_mod(trace_mask_mod(MASKS["document"])[0], (128, 128))
     key = dataclasses.replace(bwd_keys(arch, "bfloat16", 128, False, backend="sm80")[1],
-                              mask_mod=mask)
-    res = ptxas_resources(compile_kernel(key, keep_ptx=True).__ptx__, arch)
+                              mask_mod=mask, block_sparse=sparse)
+    ptx = compile_kernel(key, keep_ptx=True).__ptx__
+    res = ptxas_resources(ptx, arch)
     assert res["spill_stores"] <= MOD_SPILL_BUDGET and res["spill_loads"] <= MOD_SPILL_BUDGET, \
         res["log"]
+    if sparse:
+        graded = dataclasses.replace(key, score_mod=trace_score_mod(SCORES["alibi"])[0],
+                                     capture_grads=(0,))
+        graded_ptx = compile_kernel(graded, keep_ptx=True).__ptx__
+
+        def reductions(text):
+            return len(re.findall(r"\bred\.[a-z.:]*add\.f32", text))
+        assert reductions(graded_ptx) == reductions(ptx) + 1

@@ -213,8 +213,8 @@ def test_capture_gradient_refusals(launches):
 
 
 def test_backward_keys_and_mods():
-    """The mma.sync backward's key takes mods; the wgmma backward's, sinks and block masks
-    are refused by every backward key."""
+    """The mma.sync backward's key takes mods (and a block mask's lists, not causal); the
+    wgmma backward's takes none, and sinks are refused by every backward key."""
     import dataclasses
 
     from cute_fa.compile.keys import BwdKey
@@ -224,8 +224,11 @@ def test_backward_keys_and_mods():
 
     graph, _ = trace_mask_mod(document)
     assert BwdKey("sm_80", False, BwdTileConfig(head_dim=64), mask_mod=graph).has_score_tensors
-    with pytest.raises(ValueError, match="no sinks .* or block mask"):
+    with pytest.raises(ValueError, match="take no sinks"):
         BwdKey("sm_80", False, BwdTileConfig(head_dim=64), sinks=True)
+    with pytest.raises(ValueError, match="without causal, a window or deterministic"):
+        BwdKey("sm_80", False, BwdTileConfig(head_dim=64), mask_mod=graph, block_sparse=True,
+               deterministic=True)
     wgmma = bwd_keys("sm_90a", "bfloat16", 64, False, backend="sm90")[1]
     with pytest.raises(ValueError, match="bwd_sm90 backward kernel takes no score_mod"):
         dataclasses.replace(wgmma, mask_mod=graph)

@@ -15,19 +15,25 @@ from ..runtime.run import kernel_ready, run_backward, run_forward, score_tensors
 
 
 def _backward(ctx, dout, cu_seqlens_q=None, cu_seqlens_k=None, score_tensors=None,
-              capture_grads: tuple = (), features=None) -> tuple:
+              capture_grads: tuple = (), grads: tuple = (), blocks=None) -> tuple:
     """(dq, dk, dv) of a recorded call, whose q, k, v, o, lse the context saved first;
-    score_tensors: the tensors its mods read (`runtime.run.score_tensors`), then the float32
+    score_tensors: the tensors its mods read (`runtime.run.score_tensors`); grads: the float32
     gradients of its score_mod's captures in the slots capture_grads, which the kernel adds
-    to; features: the backward's score features where they are not the forward's (a block
-    mask's, `BlockBackward`)."""
+    to; blocks: a block mask's `BlockBackward` (its score features, and where they are
+    block-sparse the query tile lists at the planned tile, between the two)."""
     q, k, v, o, lse = ctx.saved_tensors[:5]
     call = backward_of(ctx.call, ctx.deterministic)._replace(capture_grads=capture_grads)
-    if features is not None:
-        call = call._replace(features=features)
-    return run_backward(call, plan(call, device(call.device_index)), kernel_ready(dout), q, k,
-                        v, o, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                        score_tensors=score_tensors)
+    if blocks is not None:
+        call = call._replace(features=blocks.features)
+    planned = plan(call, device(call.device_index))
+    tensors = score_tensors or ()
+    if blocks is not None and blocks.features.block_sparse:
+        tile = planned.tile
+        tensors = tensors + blocks.block_mask.query_tiles(tile.block_m, tile.block_n,
+                                                          call.batch, call.heads_q)
+    return run_backward(call, planned, kernel_ready(dout), q, k, v, o, lse,
+                        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                        score_tensors=tensors + grads or None)
 
 
 def _record(ctx, call, deterministic, lse, *saved) -> None:
@@ -124,8 +130,7 @@ class _ScoredAttention(torch.autograd.Function):
                                   dtype=torch.float32) for i in slots)
         blocks = ctx.blocks
         read = captures + (blocks.extra if blocks is not None else ())
-        dq, dk, dv = _backward(ctx, dout, cu_q, cu_k, (score_tensors(read) or ()) + grads or None,
-                               slots, blocks.features if blocks is not None else None)
+        dq, dk, dv = _backward(ctx, dout, cu_q, cu_k, score_tensors(read), slots, grads, blocks)
         dcaptures = [None] * len(captures)
         for i, grad in zip(slots, grads):
             dcaptures[i] = grad.reshape(captures[i].shape).to(captures[i].dtype)

@@ -74,7 +74,8 @@ def _attend(call: AttentionCall, q, k, v, out, deterministic, original: tuple, *
         _refuse_without_backward(call, out)
         blocks = None
         if mods.block_mask is not None:
-            blocks, read = block_backward(call, mods), len(mods.captures)
+            blocks = block_backward(call, mods, as_deterministic(deterministic))
+            read = len(mods.captures)
             call, mods, _ = exact_blocks(call, mods, plan(call, device(call.device_index)),
                                          lambda c: plan(c, device(c.device_index)))
             if len(mods.captures) > read:  # the forward reads the kinds already

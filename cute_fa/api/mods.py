@@ -161,15 +161,20 @@ def needs_grad(mods: TracedMods) -> bool:
         or any(t.requires_grad for t in mods.captures))
 
 
-def block_backward(call: AttentionCall, mods: TracedMods):
+def block_backward(call: AttentionCall, mods: TracedMods, deterministic: bool):
     """The backward of a block-sparse call (`api.autograd.BlockBackward`): the mask as a
-    mask_mod reading the blocks' kinds (`exact_mask_mod`) among the forward's features, no
-    block list (the backward visits every key block: each masked there, none skipped), the
-    kinds the one tensor more it reads. Made from the call's mods before `exact_blocks`."""
+    mask_mod reading the blocks' kinds (`exact_mask_mod`) among the forward's features, the
+    kinds the one tensor more it reads; with `block_mask.SPARSE_BACKWARD` (not
+    deterministic, whose turns count every query block) it walks the query tiles that meet
+    listed blocks, else it visits every one (each masked there). Made from the call's mods
+    before `exact_blocks`."""
+    from ..mods import block_mask
     from .autograd import BlockBackward
 
     mask = mods.block_mask
-    features = call.features._replace(mask_mod=_exact(mods), block_sparse=())
+    sparse = block_mask.SPARSE_BACKWARD and not deterministic
+    features = call.features._replace(mask_mod=_exact(mods),
+                                      block_sparse=call.features.block_sparse if sparse else ())
     return BlockBackward(mask, features, (mask.block_kinds(call.batch, call.heads_q),))
 
 

@@ -229,12 +229,16 @@ class MergeKey:
 
 def _check_backward_key(key: KernelKey, tile_type: type, mods: bool = False) -> None:
     """What every backward main kernel's key must hold: a tile of its kernel's type, no lpt
-    (the backward's CTAs own key blocks), no sinks or block mask (a forward's: sinks need
-    nothing of the backward kernels, block-sparse backward is not built), and mods only where
-    the kernel runs them (`mods`)."""
-    if key.sinks or key.block_sparse:
-        raise ValueError("the backward kernels take no sinks (their LSE holds them) or block "
-                         "mask")
+    (the backward's CTAs own key blocks), no sinks (their LSE holds them), a block mask's
+    query tile lists only where the kernel walks them (the mma.sync one, `mods`, without
+    deterministic's turns, which count every query block), and mods only where the kernel
+    runs them (`mods`)."""
+    if key.sinks:
+        raise ValueError("the backward kernels take no sinks (their LSE holds them)")
+    if key.block_sparse and not (mods and not key.deterministic and not key.causal
+                                 and not key.local and not key.varlen_q and not key.varlen_k):
+        raise ValueError("block_sparse: the mma.sync backward of a dense call without causal, "
+                         "a window or deterministic walks a block mask's query tile lists")
     if not mods and (key.score_mod is not None or key.mask_mod is not None):
         raise ValueError(f"the {key.backend} backward kernel takes no score_mod or mask_mod "
                          f"(the mma.sync backward, bwd_sm80, does)")

@@ -17,6 +17,12 @@ from .graph import BOOL, INT, Capture, ModGraph, Node
 from .trace import trace_mask_mod
 
 
+# Whether the mma.sync backward of a block mask visits only the query tiles that meet listed
+# blocks (`BlockMask.query_tiles`, `BwdKey.block_sparse`) rather than every one, each masked
+# by the blocks' kinds either way. Compiled and checked on the CPU; off until its GPU tests
+# (docs/perf/2026-12-07-mods-tiles/).
+SPARSE_BACKWARD = False
+
 # Whether `BlockMask.kernel_blocks` marks the tiles inside full blocks, whose mask_mod the
 # kernels then skip (as FlexAttention skips its full blocks'). The kernels read both forms;
 # compiled and checked on the CPU, off until the GPU tests and timing of
@@ -94,6 +100,29 @@ class BlockMask:
         self._tiles[(block_m, block_n, batch, heads, whole)] = held
         return held
 
+
+    def query_tiles(self, block_m: int, block_n: int, batch: int, heads: int) -> tuple:
+        """(counts int32 (batch, heads, key tiles), indices int32 (..., query tiles)): for a
+        backward of block_m x block_n tiles, the query tiles each key tile visits, ascending,
+        then the others: every tile that overlaps a full or partial block (a tile meeting
+        none holds no kept score). Broadcast over batch and heads as `kernel_blocks`."""
+        held = self._tiles.get(("query", block_m, block_n, batch, heads))
+        if held is not None:
+            return held
+        bq, bk = self.block_size
+        k_blocks = self.kv_indices.shape[-1]
+        kept = _listed(self.kv_num_blocks, self.kv_indices, k_blocks) | _listed(
+            self.full_kv_num_blocks, self.full_kv_indices, k_blocks)
+        rows = _overlap(-(-self.seqlen_q // block_m), block_m, kept.shape[2], bq, self.seqlen_q,
+                        kept.device)
+        cols = _overlap(-(-self.seqlen_k // block_n), block_n, k_blocks, bk, self.seqlen_k,
+                        kept.device)
+        counts, indices = _ordered(((cols @ kept.to(torch.float32).transpose(-1, -2)
+                                     @ rows.T) > 0))
+        shape = (batch, heads) + tuple(counts.shape[2:])
+        held = counts.expand(shape), indices.expand(shape + indices.shape[-1:])
+        self._tiles[("query", block_m, block_n, batch, heads)] = held
+        return held
 
     def aligned(self, block_m: int, block_n: int) -> bool:
         """Whether each block_m x block_n kernel tile lies inside one block of the mask: then

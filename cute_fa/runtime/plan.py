@@ -301,8 +301,8 @@ def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan
     over = _OVERRIDES[0]
     f = call.features
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
-             f.softcap > 0, f.score_mod, f.mask_mod, call.layout, call.deterministic,
-             call.backend, call.capture_grads, over, compile)
+             f.softcap > 0, f.score_mod, f.mask_mod, f.block_sparse, call.layout,
+             call.deterministic, call.backend, call.capture_grads, over, compile)
     main = _BACKWARD_MAIN.get(route)
     if main is None:
         main = _BACKWARD_MAIN[route] = _backward_keys(call, device, 1)[1]
@@ -330,9 +330,11 @@ def _backward_keys(call: BackwardCall, device: Device, head_splits: int) -> tupl
                     deterministic=call.deterministic, tile_arch=over.tile_arch,
                     backend=backend, head_splits=head_splits)
     if mods:
+        extra = {"capture_grads": call.capture_grads} if call.capture_grads else {}
+        if f.block_sparse:  # a block mask's query tile lists (`BlockMask.query_tiles`)
+            extra["block_sparse"] = True
         keys = (keys[0], dataclasses.replace(keys[1], score_mod=f.score_mod, mask_mod=f.mask_mod,
-                                             **({"capture_grads": call.capture_grads}
-                                                if call.capture_grads else {}))) + keys[2:]
+                                             **extra)) + keys[2:]
     if not over.backward_changes:
         return keys
     main = _changed(keys[1], over.backward_changes)

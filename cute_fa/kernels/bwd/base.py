@@ -66,6 +66,7 @@ class FlashBwdBase:
         self.capture_pairs = capture_derivatives(key.score_mod, self.capture_slots) \
             if self.capture_slots else ()
         self.n_captures = len(key.mod_captures)
+        self.block_sparse = key.block_sparse  # the block mask's query tile lists follow them
         self.varlen_q = key.varlen_q
         self.varlen_k = key.varlen_k
         self.deterministic = key.deterministic
@@ -194,7 +195,8 @@ class FlashBwdBase:
             mods.add_capture_grads(
                 dS_mn, mods.TileCoords(thr.row_offsets, thr.col_offsets, query0), key0, _ROWS,
                 seqlen, mods.ModArgs(batch, head, score_tensors[:n_mods]), self.capture_pairs,
-                derivative_mns, self.capture_slots, score_tensors[self.n_captures:])
+                derivative_mns, self.capture_slots,
+                score_tensors[self.n_captures + (2 if self.block_sparse else 0):])
 
     def _dq_sync(self):
         raise NotImplementedError

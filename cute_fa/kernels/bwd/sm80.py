@@ -214,27 +214,16 @@ class FlashBwdSm80(FlashBwdBase):
                                mdQaccum, head)
                 # every warp is done with the last head's tiles before they are overwritten
                 cute.arch.barrier()
-                if blocks.m_lo < blocks.m_hi:
-                    self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, blocks.m_lo, 0,
-                                 seqlen.seqlen_q)
-                for m_block in cutlass.range(blocks.m_lo, blocks.m_hi, unroll=1):
-                    stage = 0
-                    if cutlass.const_expr(cfg.q_stages == 2):
-                        stage = (m_block - blocks.m_lo) % 2
-                    cute.arch.cp_async_wait_group(0)
-                    cute.arch.barrier()
-                    if cutlass.const_expr(cfg.q_stages == 2):
-                        if m_block + 1 < blocks.m_hi:
-                            self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, m_block + 1,
-                                         1 - stage, seqlen.seqlen_q)
-                    self._step(thr, rows, m_block, n_block, stage, blocks, seqlen, batch,
-                               scale_log2, softcap_scale, mCuSeqlensQ, mSemaphore, tidx,
-                               score_tensors)
-                    if cutlass.const_expr(cfg.q_stages == 1):
-                        cute.arch.barrier()
-                        if m_block + 1 < blocks.m_hi:
-                            self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, m_block + 1, 0,
-                                         seqlen.seqlen_q)
+                if cutlass.const_expr(self.block_sparse):
+                    self._visit_listed(thr, rows, n_block, blocks, seqlen, batch, head,
+                                       (g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ), scale_log2,
+                                       softcap_scale, mCuSeqlensQ, mSemaphore, tidx,
+                                       score_tensors)
+                else:
+                    self._visit_range(thr, rows, n_block, blocks, seqlen, batch,
+                                      (g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ), scale_log2,
+                                      softcap_scale, mCuSeqlensQ, mSemaphore, tidx,
+                                      score_tensors)
 
             # dS was formed from scores S = Q K^T, the logits are S * softmax_scale
             thr.acc_dK.store(thr.acc_dK.load() * softmax_scale)
@@ -247,6 +236,65 @@ class FlashBwdSm80(FlashBwdBase):
             epilogue.store_O(rows_k, thr.acc_dV, thr.tiled_dkv, sV,
                              cute.local_tile(seqlen.k_rows(mdV, batch, head_kv), (bn, dp),
                                              (n_block, 0)), cdK, seqlen.seqlen_k, tidx)
+
+    @cute.jit
+    def _visit_range(self, thr: BwdThread, rows: "RowData", n_block, blocks: QueryBlocks,
+                     seqlen: SeqlenInfo, batch, loads: tuple, scale_log2, softcap_scale,
+                     mCuSeqlensQ, mSemaphore, tidx, score_tensors):
+        """Query blocks [blocks.m_lo, blocks.m_hi) for key block n_block, Q and dO loaded
+        into a ring of cfg.q_stages stages a block ahead."""
+        g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ = loads
+        if blocks.m_lo < blocks.m_hi:
+            self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, blocks.m_lo, 0, seqlen.seqlen_q)
+        for m_block in cutlass.range(blocks.m_lo, blocks.m_hi, unroll=1):
+            stage = 0
+            if cutlass.const_expr(self.cfg.q_stages == 2):
+                stage = (m_block - blocks.m_lo) % 2
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+            if cutlass.const_expr(self.cfg.q_stages == 2):
+                if m_block + 1 < blocks.m_hi:
+                    self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, m_block + 1,
+                                 1 - stage, seqlen.seqlen_q)
+            self._step(thr, rows, m_block, n_block, stage, blocks, seqlen, batch, scale_log2,
+                       softcap_scale, mCuSeqlensQ, mSemaphore, tidx, score_tensors)
+            if cutlass.const_expr(self.cfg.q_stages == 1):
+                cute.arch.barrier()
+                if m_block + 1 < blocks.m_hi:
+                    self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, m_block + 1, 0,
+                                 seqlen.seqlen_q)
+
+    @cute.jit
+    def _visit_listed(self, thr: BwdThread, rows: "RowData", n_block, blocks: QueryBlocks,
+                      seqlen: SeqlenInfo, batch, head, loads: tuple, scale_log2, softcap_scale,
+                      mCuSeqlensQ, mSemaphore, tidx, score_tensors):
+        """block_sparse: the query blocks key block n_block's block mask lists for `head`
+        (`BlockMask.query_tiles`, the score tensors after the captures), ascending, with the
+        dense loop's Q / dO ring; a query block it does not list holds no kept score."""
+        g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ = loads
+        counts = score_tensors[self.n_captures]
+        listed = score_tensors[self.n_captures + 1][batch, head, n_block, None]
+        steps = counts[batch, head, n_block]
+        if steps > 0:
+            self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, listed[0], 0, seqlen.seqlen_q)
+        for i in cutlass.range(steps, unroll=1):
+            m_block = listed[i]
+            stage = 0
+            if cutlass.const_expr(self.cfg.q_stages == 2):
+                stage = i % 2
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+            if cutlass.const_expr(self.cfg.q_stages == 2):
+                if i + 1 < steps:
+                    self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, listed[i + 1],
+                                 1 - stage, seqlen.seqlen_q)
+            self._step(thr, rows, m_block, n_block, stage, blocks, seqlen, batch, scale_log2,
+                       softcap_scale, mCuSeqlensQ, mSemaphore, tidx, score_tensors)
+            if cutlass.const_expr(self.cfg.q_stages == 1):
+                cute.arch.barrier()
+                if i + 1 < steps:
+                    self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, listed[i + 1], 0,
+                                 seqlen.seqlen_q)
 
     @cute.jit
     def _load_q(self, g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, m_block, stage, seqlen_q):
