@@ -381,6 +381,26 @@ def test_sinks_gradients(causal):
         assert err <= 2e-2 * max(1.0, want.grad.abs().max().item()), (name, err)
 
 
+def _float64_backward(q, k, v, dout, logits, tables=()) -> list:
+    """Float64 copies of q, k, v (batch, seqlen, heads, d; GQA) and of `tables`, requiring
+    grad, through attention whose logits logits(s, index, table copies) makes of the scaled
+    scores s (batch, heads_q, seqlen_q, seqlen_k) and the broadcast (b, h, q_idx, kv_idx)
+    index tensors, backpropagated from dout: the copies, their .grad set."""
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v) + tuple(tables)]
+    qd, kd, vd = leaves[:3]
+    s = torch.einsum("bqhd,bkhd->bhqk", qd, kd.repeat_interleave(hq // hk, 2)) * d ** -0.5
+    index = (torch.arange(b, device="cuda")[:, None, None, None],
+             torch.arange(hq, device="cuda")[None, :, None, None],
+             torch.arange(sq, device="cuda")[None, None, :, None],
+             torch.arange(sk, device="cuda")[None, None, None, :])
+    p = torch.softmax(logits(s, index, leaves[3:]), -1).nan_to_num(0.0)
+    torch.einsum("bhqk,bkhd->bqhd", p, vd.repeat_interleave(hq // hk, 2)).backward(
+        dout.double())
+    return leaves
+
+
 @pytest.mark.parametrize("name", ["alibi", "softcap", "relative_bias", "document",
                                   "alibi_document", "sliding_window"])
 def test_mod_gradients(name):
@@ -395,20 +415,14 @@ def test_mod_gradients(name):
     dout = _rand(b, sq, hq, d, dtype=torch.bfloat16, gen=gen)
     score_mod, mask_mod = mods(b, hq, sq, sk)[name]
     cute_fa.forward(q, k, v, score_mod=score_mod, mask_mod=mask_mod).backward(dout)
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    qd, kd, vd = leaves
-    s = torch.einsum("bqhd,bkhd->bhqk", qd, kd.repeat_interleave(hq // hk, 2)) * d ** -0.5
-    index = (torch.arange(b, device="cuda")[:, None, None, None],
-             torch.arange(hq, device="cuda")[None, :, None, None],
-             torch.arange(sq, device="cuda")[None, None, :, None],
-             torch.arange(sk, device="cuda")[None, None, None, :])
-    if score_mod is not None:
-        s = score_mod(s, *index).to(torch.float64)
-    if mask_mod is not None:
-        s = s.masked_fill(~mask_mod(*index), -math.inf)
-    p = torch.softmax(s, -1).nan_to_num(0.0)
-    torch.einsum("bhqk,bkhd->bqhd", p, vd.repeat_interleave(hq // hk, 2)).backward(
-        dout.double())
+
+    def logits(s, index, _):
+        if score_mod is not None:
+            s = score_mod(s, *index).to(torch.float64)
+        if mask_mod is not None:
+            s = s.masked_fill(~mask_mod(*index), -math.inf)
+        return s
+    leaves = _float64_backward(q, k, v, dout, logits)
     for label, got, want in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), leaves):
         err = (got.double() - want.grad).abs().max().item()
         assert err <= 2e-2 * max(1.0, want.grad.abs().max().item()), (label, err)
@@ -454,17 +468,8 @@ def test_captured_tensor_gradients(name):
         return qi >= kv
 
     cute_fa.forward(q, k, v, score_mod=make(tensors), mask_mod=causal).backward(dout)
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, v) + tensors]
-    qd, kd, vd = leaves[:3]
-    s = torch.einsum("bqhd,bkhd->bhqk", qd, kd.repeat_interleave(hq // hk, 2)) * d ** -0.5
-    index = (torch.arange(b, device="cuda")[:, None, None, None],
-             torch.arange(hq, device="cuda")[None, :, None, None],
-             torch.arange(sq, device="cuda")[None, None, :, None],
-             torch.arange(sk, device="cuda")[None, None, None, :])
-    s = make(leaves[3:])(s, *index).masked_fill(~causal(*index), -math.inf)
-    p = torch.softmax(s, -1).nan_to_num(0.0)
-    torch.einsum("bhqk,bkhd->bqhd", p, vd.repeat_interleave(hq // hk, 2)).backward(
-        dout.double())
+    leaves = _float64_backward(q, k, v, dout, lambda s, index, tables: make(tables)(
+        s, *index).masked_fill(~causal(*index), -math.inf), tensors)
     got = (q.grad, k.grad, v.grad) + tuple(t.grad for t in tensors)
     for i, (g, want) in enumerate(zip(got, leaves)):
         assert g is not None and g.shape == want.shape and g.dtype == (
@@ -497,12 +502,8 @@ def test_block_mask_gradients(backend, block, sparse, monkeypatch):
             for _ in range(2))
     dout = _rand(b, s, hq, d, dtype=torch.bfloat16, gen=gen)
     cute_fa.forward(q, k, v, block_mask=torch_mask, backend=backend).backward(dout)
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    qd, kd, vd = leaves
-    logits = torch.einsum("bqhd,bkhd->bhqk", qd, kd.repeat_interleave(hq // hk, 2)) * d ** -0.5
-    p = torch.softmax(logits.masked_fill(~seen, -math.inf), -1).nan_to_num(0.0)
-    torch.einsum("bhqk,bkhd->bqhd", p, vd.repeat_interleave(hq // hk, 2)).backward(
-        dout.double())
+    leaves = _float64_backward(q, k, v, dout,
+                               lambda logits, index, _: logits.masked_fill(~seen, -math.inf))
     for label, got, want in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), leaves):
         err = (got.double() - want.grad).abs().max().item()
         assert err <= 2e-2 * max(1.0, want.grad.abs().max().item()), (label, err)

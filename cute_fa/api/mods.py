@@ -12,6 +12,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from ..runtime.call import DENSE, AttentionCall
+from .autograd import BlockBackward
 
 
 class TracedMods(NamedTuple):
@@ -147,7 +148,7 @@ def exact_blocks(call: AttentionCall, mods: TracedMods, planned, plan_of: Callab
     if mask.aligned(tile.block_m, tile.block_n) and (block_mask.WHOLE_TILES
                                                      or mods.mask_mod is None):
         return call, mods, planned
-    mods = mods._replace(mask_mod=_exact(mods), captures=mods.captures + (
+    mods = mods._replace(mask_mod=mask.exact_mod(mods.mask_mod), captures=mods.captures + (
         mask.block_kinds(call.batch, call.heads_q),))
     call = with_mods(call, mods)
     return call, mods, plan_of(call)
@@ -169,25 +170,13 @@ def block_backward(call: AttentionCall, mods: TracedMods, deterministic: bool):
     listed blocks, else it visits every one (each masked there). Made from the call's mods
     before `exact_blocks`."""
     from ..mods import block_mask
-    from .autograd import BlockBackward
 
     mask = mods.block_mask
     sparse = block_mask.SPARSE_BACKWARD and not deterministic
-    features = call.features._replace(mask_mod=_exact(mods),
+    features = call.features._replace(mask_mod=mask.exact_mod(mods.mask_mod),
                                       block_sparse=call.features.block_sparse if sparse else ())
     return BlockBackward(mask, features, (mask.block_kinds(call.batch, call.heads_q),))
 
-
-def _exact(mods: TracedMods):
-    """`exact_mask_mod` of the call's mask_mod and block mask, made once per mask and graph."""
-    from ..mods.block_mask import exact_mask_mod
-
-    mask = mods.block_mask
-    held = mask._tiles.get(("exact", mods.mask_mod))
-    if held is None:
-        held = mask._tiles[("exact", mods.mask_mod)] = exact_mask_mod(mods.mask_mod,
-                                                                      mask.block_size)
-    return held
 
 
 def refuse_without_backward(mods: TracedMods) -> None:

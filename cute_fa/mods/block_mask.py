@@ -81,25 +81,15 @@ class BlockMask:
         held = self._tiles.get((block_m, block_n, batch, heads, whole))
         if held is not None:
             return held
-        bq, bk = self.block_size
-        k_blocks = self.kv_indices.shape[-1]
-        kept = _listed(self.kv_num_blocks, self.kv_indices, k_blocks) | _listed(
-            self.full_kv_num_blocks, self.full_kv_indices, k_blocks)
-        rows = _overlap(-(-self.seqlen_q // block_m), block_m, kept.shape[2], bq, self.seqlen_q,
-                        kept.device)
-        cols = _overlap(-(-self.seqlen_k // block_n), block_n, k_blocks, bk, self.seqlen_k,
-                        kept.device)
-        tiles = (rows @ kept.to(torch.float32) @ cols.T) > 0
-        counts, indices = _ordered(tiles)
+        met, rows, cols = self._tiles_met(block_m, block_n)
+        counts, indices = _ordered(met)
         if whole:
-            full = _listed(self.full_kv_num_blocks, self.full_kv_indices, k_blocks)
+            full = _listed(self.full_kv_num_blocks, self.full_kv_indices, cols.shape[1])
             kept_whole = (rows @ (~full).to(torch.float32) @ cols.T) == 0
             indices = torch.where(kept_whole.gather(-1, indices.long()), -indices - 1, indices)
-        shape = (batch, heads) + tuple(counts.shape[2:])
-        held = counts.expand(shape), indices.expand(shape + indices.shape[-1:])
-        self._tiles[(block_m, block_n, batch, heads, whole)] = held
+        held = self._tiles[(block_m, block_n, batch, heads, whole)] = _broadcast(
+            counts, indices, batch, heads)
         return held
-
 
     def query_tiles(self, block_m: int, block_n: int, batch: int, heads: int) -> tuple:
         """(counts int32 (batch, heads, key tiles), indices int32 (..., query tiles)): for a
@@ -107,8 +97,16 @@ class BlockMask:
         then the others: every tile that overlaps a full or partial block (a tile meeting
         none holds no kept score). Broadcast over batch and heads as `kernel_blocks`."""
         held = self._tiles.get(("query", block_m, block_n, batch, heads))
-        if held is not None:
-            return held
+        if held is None:
+            met, _, _ = self._tiles_met(block_m, block_n)
+            held = self._tiles[("query", block_m, block_n, batch, heads)] = _broadcast(
+                *_ordered(met.transpose(-1, -2)), batch, heads)
+        return held
+
+    def _tiles_met(self, block_m: int, block_n: int) -> tuple:
+        """(met, rows, cols): met bool (batch, heads, query tiles, key tiles), whether a
+        block_m x block_n tile meets a full or partial block; rows / cols: float (tiles,
+        blocks), which of the mask's query / key blocks each tile meets (`_overlap`)."""
         bq, bk = self.block_size
         k_blocks = self.kv_indices.shape[-1]
         kept = _listed(self.kv_num_blocks, self.kv_indices, k_blocks) | _listed(
@@ -117,11 +115,14 @@ class BlockMask:
                         kept.device)
         cols = _overlap(-(-self.seqlen_k // block_n), block_n, k_blocks, bk, self.seqlen_k,
                         kept.device)
-        counts, indices = _ordered(((cols @ kept.to(torch.float32).transpose(-1, -2)
-                                     @ rows.T) > 0))
-        shape = (batch, heads) + tuple(counts.shape[2:])
-        held = counts.expand(shape), indices.expand(shape + indices.shape[-1:])
-        self._tiles[("query", block_m, block_n, batch, heads)] = held
+        return (rows @ kept.to(torch.float32) @ cols.T) > 0, rows, cols
+
+    def exact_mod(self, mask_mod):
+        """`exact_mask_mod` of `mask_mod` (this mask's traced mask_mod, or None) and this
+        mask's block size, made once per graph."""
+        held = self._tiles.get(("exact", mask_mod))
+        if held is None:
+            held = self._tiles[("exact", mask_mod)] = exact_mask_mod(mask_mod, self.block_size)
         return held
 
     def aligned(self, block_m: int, block_n: int) -> bool:
@@ -165,6 +166,13 @@ def exact_mask_mod(graph: ModGraph | None, block_size: tuple) -> ModGraph:
     if graph is not None:
         partial = Node("and", BOOL, (partial, graph.root))
     return ModGraph("mask_mod", Node("or", BOOL, (full, partial)), captures + (kinds,))
+
+
+def _broadcast(counts: torch.Tensor, indices: torch.Tensor, batch: int, heads: int) -> tuple:
+    """counts and indices expanded to the call's (batch, heads): a mask made for one batch
+    entry or head serves all."""
+    shape = (batch, heads) + tuple(counts.shape[2:])
+    return counts.expand(shape), indices.expand(shape + indices.shape[-1:])
 
 
 def kernel_tile(listed: torch.Tensor) -> tuple:

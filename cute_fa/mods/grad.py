@@ -9,7 +9,7 @@ is 0 almost everywhere)."""
 
 from __future__ import annotations
 
-from .graph import BOOL, FLOAT, ModGraph, Node
+from .graph import BOOL, FLOAT, ModGraph, Node, reads
 
 _ZERO, _ONE = Node("const", FLOAT, value=0.0), Node("const", FLOAT, value=1.0)
 
@@ -105,14 +105,10 @@ def capture_derivatives(graph: ModGraph, slots: tuple) -> tuple:
     for node in graph.nodes():
         if node.op != "load" or node.kind != FLOAT or node.value.slot not in slots:
             continue
-        if any(_reads_score(a) for a in node.args):
+        if reads(node.args, "score"):
             raise ValueError(f"captured tensor {node.value.slot} of the score_mod is indexed "
                              f"through the score: its gradient is not computed")
         found = _derivative(graph, node)
         if found is not None:
             pairs.append((node, ModGraph("score_mod", found, graph.captures)))
     return tuple(pairs)
-
-
-def _reads_score(node: Node) -> bool:
-    return node.op == "score" or any(_reads_score(a) for a in node.args)

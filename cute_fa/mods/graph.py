@@ -71,18 +71,30 @@ class ModGraph:
 
     def nodes(self) -> list:
         """Every distinct node, each after its arguments (the order a kernel emits them)."""
-        seen, order = set(), []
-
-        def visit(node):
-            if node in seen:
-                return
-            for arg in node.args:
-                visit(arg)
-            seen.add(node)
-            order.append(node)
-        visit(self.root)
-        return order
+        return ordered((self.root,))
 
     def uses(self, leaf: str) -> bool:
         """Whether the mod reads `leaf` ('score', 'b', 'h', 'q_idx' or 'kv_idx')."""
-        return any(n.op == leaf for n in self.nodes())
+        return reads((self.root,), leaf)
+
+
+def ordered(roots) -> list:
+    """Every distinct node the values `roots` need, each after its arguments, roots in turn:
+    the order a kernel emits them (`ModGraph.nodes`; a load's indices alone)."""
+    seen, order = set(), []
+
+    def visit(node):
+        if node in seen:
+            return
+        for arg in node.args:
+            visit(arg)
+        seen.add(node)
+        order.append(node)
+    for root in roots:
+        visit(root)
+    return order
+
+
+def reads(roots, leaf: str) -> bool:
+    """Whether the values `roots` depend on `leaf` ('score', 'b', 'h', 'q_idx' or 'kv_idx')."""
+    return any(n.op == leaf for n in ordered(roots))

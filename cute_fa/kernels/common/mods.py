@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 
-from ...mods.graph import BOOL, COMPARISONS, FLOAT, INT, LEAVES
+from ...mods.graph import BOOL, COMPARISONS, FLOAT, INT, LEAVES, ordered, reads
 
 # a captured tensor's dtype (`Capture.dtype`, torch's name) as the kernel reads it: a bool
 # tensor as its bytes (torch stores a bool in one; the launch passes a uint8 view), nonzero
@@ -56,13 +56,14 @@ def emit(graph, leaves: dict, captured: tuple):
     'b', 'h', 'q_idx', 'kv_idx' (Int32) to the element's values (only those the graph reads
     are needed); `captured` holds the kernel's tensor of each capture slot. A float result is
     a Float32, a mask's a Boolean."""
-    return emit_values(graph, leaves, captured)[graph.root]
+    return emit_nodes(graph.nodes(), leaves, captured)[graph.root]
 
 
-def emit_values(graph, leaves: dict, captured: tuple) -> dict:
-    """`emit`'s value of every node of `graph`, by node."""
+def emit_nodes(nodes: list, leaves: dict, captured: tuple) -> dict:
+    """`emit`'s value of each of `nodes` (each after its arguments: `graph.ordered`'s
+    order), by node."""
     values = {}
-    for node in graph.nodes():
+    for node in nodes:
         if node.op in LEAVES:
             value = _CAST[node.kind](leaves[node.op])
         elif node.op == "const":
@@ -161,10 +162,6 @@ def apply_mods(acc_S_mn: cute.Tensor, coords, key0, rows, seqlen, at: ModArgs, s
                 acc_S_mn[r, c] = cutlass.select_(keep, acc_S_mn[r, c], -cutlass.Float32.inf)
 
 
-def _reads(nodes, leaf: str) -> bool:
-    return any(n.op == leaf or _reads(n.args, leaf) for n in nodes)
-
-
 @cute.jit
 def add_capture_grads(dS_mn: cute.Tensor, coords, key0, rows: cutlass.Constexpr, seqlen, at,
                       pairs: cutlass.Constexpr, derivative_mns, slots: cutlass.Constexpr, grads):
@@ -182,7 +179,7 @@ def add_capture_grads(dS_mn: cute.Tensor, coords, key0, rows: cutlass.Constexpr,
     n_rows, n_cols = len(coords.row_offsets), len(coords.col_offsets)
     for i in cutlass.range_constexpr(len(pairs)):
         load = pairs[i][0]
-        uses_q, uses_kv = _reads(load.args, "q_idx"), _reads(load.args, "kv_idx")
+        uses_q, uses_kv = reads(load.args, "q_idx"), reads(load.args, "kv_idx")
         d_mn, target = derivative_mns[i], grads[slots.index(load.value.slot)]
         if cutlass.const_expr(not uses_q and not uses_kv):
             total = cutlass.Float32(0.0)
@@ -220,29 +217,9 @@ def _add_at(load: cutlass.Constexpr, target: cute.Tensor, coords, key0, rows: cu
     q_idx = cutlass.min(rows.query(coords.query0 + coords.row_offsets[r]), seqlen.seqlen_q - 1)
     kv_idx = cutlass.min(key0 + coords.col_offsets[c], seqlen.seqlen_k - 1)
     leaves = dict(b=at.batch, h=rows.head(at.head0, coords.query0), q_idx=q_idx, kv_idx=kv_idx)
-    values = emit_values(_Indices(load), leaves, at.captures)
+    values = emit_nodes(ordered(load.args), leaves, at.captures)
     index = tuple(values[a] for a in load.args)
     offset = cute.crd2idx(index, target.layout) if cutlass.const_expr(len(index) > 0) else 0
     cute.arch.red(target.iterator + offset, value, op="add", dtype="f32", sem="relaxed",
                   scope="gpu")
 
-
-@dataclass(frozen=True)
-class _Indices:
-    """A load's index values as a graph to emit: its nodes up to (not including) the load."""
-
-    load: object
-
-    def nodes(self) -> list:
-        seen, order = set(), []
-
-        def visit(node):
-            if node in seen:
-                return
-            for arg in node.args:
-                visit(arg)
-            seen.add(node)
-            order.append(node)
-        for arg in self.load.args:
-            visit(arg)
-        return order
