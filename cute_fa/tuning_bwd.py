@@ -85,6 +85,11 @@ BWD_SM90_DETERMINISTIC_TILES = {64: (128, 2, 2, 1, False, True, 64, True, True),
 BWD_SM90_DETERMINISTIC_SOFTCAP_TILES = {64: (64, 2, 2, 1, False, True)}
 BWD_SM90_SPILL_BUDGET = 192
 BWD_SM90_AUTO = (64, 128, 192, 256)  # the head_dim classes 'auto' runs the wgmma backward on
+# Whether 'auto' runs the backward of a call with a score_mod or mask_mod on the wgmma kernel
+# (sm90) rather than the mma.sync one: compiled and resource-checked on the CPU
+# (tests/test_compile_mods.py), off until its GPU tests and timing run
+# (docs/perf/2026-12-07-h200-mods/).
+SM90_MODS = False
 BWD_BACKENDS = ("auto", "sm80", "sm90")
 
 
@@ -168,14 +173,18 @@ def bwd_head_splits(key_blocks: int, heads_kv: int, group: int, batch: int, num_
 
 def bwd_keys(arch: str, dtype: str, head_dim: int, causal: bool, *, local: bool = False,
              softcap: bool = False, varlen: bool = False, deterministic: bool = False,
-             tile_arch: str | None = None, backend: str = "auto", head_splits: int = 1) -> tuple:
+             tile_arch: str | None = None, backend: str = "auto", head_splits: int = 1,
+             capture_grads: bool = False) -> tuple:
     """(preprocess, main, postprocess) keys of one backward call, and the dK/dV postprocess's
-    where head_splits > 1 (the wgmma backward only)."""
+    where head_splits > 1 (the wgmma backward only). capture_grads: the call's score_mod adds
+    its captured tensors' gradients, whose sums and derivatives take the wgmma backward's
+    softcap tiles (ptxas, sm_90a, head_dim 64, ALiBi's slopes' gradient through a block
+    mask's lists: 632 bytes spilled on the 128 x 128 tile, 56 on the softcap's 64 x 64)."""
     rows = RowTile(head_dim, BWD_ROWS[0], BWD_ROWS[1], dtype)
     features = dict(local=local, softcap=softcap, varlen_q=varlen, varlen_k=varlen,
                     deterministic=deterministic)
     if bwd_backend(tile_arch or arch, dtype, head_dim, backend) == "sm90":
-        tile = bwd_sm90_tile(dtype, head_dim, softcap, deterministic)
+        tile = bwd_sm90_tile(dtype, head_dim, softcap or capture_grads, deterministic)
         main = BwdSm90Key(arch, causal, tile, kv_accum=head_splits > 1, **features)
     elif head_splits > 1:
         raise ValueError(f"head_splits > 1 is the wgmma backward's (sm90), got {head_splits} "

@@ -319,8 +319,8 @@ def test_mods_take_the_128_row_wgmma_tile(launches, heads_q, pack):
 
 @pytest.mark.parametrize("block", [128, 64])
 def test_block_mask_backward_reads_the_kinds(launches, monkeypatch, block):
-    """A block-sparse call autograd records: the forward walks the lists; the mma.sync
-    backward visits every key block with the mask as a mask_mod over the blocks' kinds
+    """A block-sparse call autograd records: the forward walks the lists; the dense mma.sync
+    backward (`SPARSE_BACKWARD` off) visits every key block with the mask as a mask_mod over the blocks' kinds
     (`exact_mask_mod`), the kinds its last score tensor, once (blocks of 64: the forward's
     128-row tile reads them already)."""
     from cute_fa.mods import block_mask
@@ -328,6 +328,7 @@ def test_block_mask_backward_reads_the_kinds(launches, monkeypatch, block):
     from cute_fa.mods.trace import trace_mask_mod
 
     monkeypatch.setattr(block_mask, "WHOLE_TILES", True)
+    monkeypatch.setattr(block_mask, "SPARSE_BACKWARD", False)
     recorded, _ = launches
     torch_mask, _ = hand_built(block=block, heads=4)
     q, k, v = (t.requires_grad_() for t in qkv(b=1, d=128))
@@ -343,6 +344,33 @@ def test_block_mask_backward_reads_the_kinds(launches, monkeypatch, block):
     tensors = named_arguments(bkey, bargs)["score_tensors"]
     assert len(tensors) == 1 and tensors[0] is bm.block_kinds(1, 4)
     assert q.grad is not None and k.grad is not None
+
+
+@pytest.mark.parametrize("sm90_mods", [False, True])
+def test_mods_backward_kernel(launches, monkeypatch, sm90_mods):
+    """Which backward runs the mods: the mma.sync one, or with `tuning_bwd.SM90_MODS` the
+    wgmma one, either with the score_mod, a captured tensor's gradient slot, the block mask's
+    kinds and its query tile lists at the kernel's tile."""
+    from cute_fa import tuning_bwd
+    from cute_fa.mods import block_mask
+
+    monkeypatch.setattr(tuning_bwd, "SM90_MODS", sm90_mods)
+    monkeypatch.setattr(block_mask, "SPARSE_BACKWARD", True)
+    recorded, _ = launches
+    torch_mask, _ = hand_built(block=128, heads=4)
+    slopes = torch.rand(4).requires_grad_()
+    q, k, v = (t.requires_grad_() for t in qkv(b=1, d=128))
+    cute_fa.forward(q, k, v, score_mod=lambda s, b, h, qi, kv: s + slopes[h] * (kv - qi),
+                    block_mask=torch_mask, backend="sm90").sum().backward()
+    (bkey, bargs), = [(key, args) for key, args in recorded if key.backend.startswith("bwd_sm")]
+    assert bkey.backend == ("bwd_sm90" if sm90_mods else "bwd_sm80")
+    assert bkey.score_mod is not None and bkey.mask_mod is not None
+    assert bkey.capture_grads == (0,) and bkey.block_sparse
+    tensors = named_arguments(bkey, bargs)["score_tensors"]
+    # the slopes, the blocks' kinds, the lists' counts and indices, the slopes' gradient
+    counts, listed = block_mask.from_torch(torch_mask).query_tiles(
+        bkey.tile.block_m, bkey.tile.block_n, 1, 4)
+    assert len(tensors) == 5 and tensors[2] is counts and tensors[3] is listed
 
 
 @pytest.mark.parametrize("tile", [(128, 128), (64, 128), (128, 64)])

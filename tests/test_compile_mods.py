@@ -70,10 +70,14 @@ def test_attention_kernels_compile_with_mods(mods, arch, backend, causal):
     assert loads > 0
 
 
-@pytest.mark.parametrize("arch, head_dim", [("sm_80", 64), ("sm_90a", 128)])
-def test_backward_compiles_with_mods(arch, head_dim):
-    """The mma.sync backward with a score_mod (its derivative too) and a mask_mod reading
-    captured tensors compiles within tuning.MOD_SPILL_BUDGET; the wgmma backward takes none."""
+@pytest.mark.parametrize("arch, backend, head_dim, causal",
+                         [("sm_80", "sm80", 64, True), ("sm_90a", "sm80", 128, True),
+                          ("sm_90a", "sm90", 64, False), ("sm_90a", "sm90", 128, True),
+                          ("sm_90a", "sm90", 192, True), ("sm_90a", "sm90", 256, False)])
+def test_backward_compiles_with_mods(arch, backend, head_dim, causal):
+    """The mma.sync and wgmma backwards with a score_mod (its derivative too) and a mask_mod
+    reading captured tensors compile within tuning.MOD_SPILL_BUDGET, loading the captures; the
+    wgmma one refuses a block mask's query tile lists (it visits every query block)."""
     import dataclasses
 
     from cute_fa.compile.build import compile_kernel
@@ -83,14 +87,18 @@ def test_backward_compiles_with_mods(arch, head_dim):
 
     score = trace_score_mod(SCORES["gate"])[0]
     mask = trace_mask_mod(MASKS["document"])[0]
-    key = dataclasses.replace(bwd_keys(arch, "bfloat16", head_dim, True, backend="sm80")[1],
-                              score_mod=score, mask_mod=mask)
-    res = ptxas_resources(compile_kernel(key, keep_ptx=True).__ptx__, arch)
+    plain = bwd_keys(arch, "bfloat16", head_dim, causal, backend=backend)[1]
+    key = dataclasses.replace(plain, score_mod=score, mask_mod=mask)
+    ptx = compile_kernel(key, keep_ptx=True).__ptx__
+    res = ptxas_resources(ptx, arch)
     assert res["spill_stores"] <= MOD_SPILL_BUDGET and res["spill_loads"] <= MOD_SPILL_BUDGET, \
         res["log"]
-    wgmma = bwd_keys("sm_90a", "bfloat16", head_dim, True, backend="sm90")[1]
-    with pytest.raises(ValueError, match="takes no score_mod"):
-        dataclasses.replace(wgmma, mask_mod=mask)
+    loads = len(re.findall(r"\bld\.global", ptx)) - len(re.findall(
+        r"\bld\.global", compile_kernel(plain, keep_ptx=True).__ptx__))
+    assert loads >= len(key.mod_captures), loads
+    if backend == "sm90":
+        with pytest.raises(ValueError, match="block_sparse"):
+            dataclasses.replace(key, causal=False, block_sparse=True)
 
 
 @pytest.mark.parametrize("arch, backend, head_dim", [("sm_80", "sm80", 128),
@@ -168,10 +176,13 @@ GATE_F32 = __import__("torch").randn(4)
 RELATIVE = __import__("torch").rand(4, 2000)
 
 
-@pytest.mark.parametrize("arch, name", [("sm_80", n) for n in sorted(CAPTURE_GRAD_MODS)]
-                         + [("sm_90a", "per_score"), ("sm_120a", "per_head")])
-def test_backward_with_capture_grads_compiles(arch, name):
-    """The mma.sync backward adding a score_mod's captured tensor's gradient
+@pytest.mark.parametrize("arch, name, backend",
+                         [("sm_80", n, "sm80") for n in sorted(CAPTURE_GRAD_MODS)]
+                         + [("sm_90a", "per_score", "sm80"), ("sm_120a", "per_head", "sm80"),
+                            ("sm_90a", "per_head", "sm90"), ("sm_90a", "per_query", "sm90"),
+                            ("sm_90a", "per_score", "sm90")])
+def test_backward_with_capture_grads_compiles(arch, name, backend):
+    """The mma.sync and wgmma backwards adding a score_mod's captured tensor's gradient
     (`BwdKey.capture_grads`, `kernels.common.mods.add_capture_grads`) compiles within
     tuning.CAPTURE_GRAD_SPILL_BUDGET and issues float32 reductions beyond dQ's: one per warp for a
     table read by head (or a 0-d one), one per row, column or score of the thread's tile
@@ -184,7 +195,7 @@ def test_backward_with_capture_grads_compiles(arch, name):
     from cute_fa.tuning_bwd import bwd_keys
 
     fn, per_warp = CAPTURE_GRAD_MODS[name]
-    plain = dataclasses.replace(bwd_keys(arch, "bfloat16", 128, True, backend="sm80")[1],
+    plain = dataclasses.replace(bwd_keys(arch, "bfloat16", 128, True, backend=backend)[1],
                                 score_mod=trace_score_mod(fn)[0])
     floats = [c.slot for c in plain.score_mod.captures if c.dtype.startswith("float")]
     key = dataclasses.replace(plain, capture_grads=tuple(floats))

@@ -213,8 +213,9 @@ def test_capture_gradient_refusals(launches):
 
 
 def test_backward_keys_and_mods():
-    """The mma.sync backward's key takes mods (and a block mask's lists, not causal); the
-    wgmma backward's takes none, and sinks are refused by every backward key."""
+    """The mma.sync and wgmma backwards' keys take mods (and a block mask's lists, not
+    causal, deterministic or, the wgmma one, persistent); sinks are refused by every backward
+    key."""
     import dataclasses
 
     from cute_fa.compile.keys import BwdKey
@@ -230,8 +231,13 @@ def test_backward_keys_and_mods():
         BwdKey("sm_80", False, BwdTileConfig(head_dim=64), mask_mod=graph, block_sparse=True,
                deterministic=True)
     wgmma = bwd_keys("sm_90a", "bfloat16", 64, False, backend="sm90")[1]
-    with pytest.raises(ValueError, match="bwd_sm90 backward kernel takes no score_mod"):
-        dataclasses.replace(wgmma, mask_mod=graph)
+    assert dataclasses.replace(wgmma, mask_mod=graph, block_sparse=True).has_score_tensors
+    with pytest.raises(ValueError, match="without causal, a window or deterministic"):
+        dataclasses.replace(wgmma, mask_mod=graph, block_sparse=True, deterministic=True)
+    with pytest.raises(ValueError, match="persistence"):
+        dataclasses.replace(wgmma, mask_mod=graph, block_sparse=True, persistent=132)
+    with pytest.raises(ValueError, match="take no sinks"):
+        dataclasses.replace(wgmma, sinks=True)
 
 
 def test_forward_key_checks_its_mods():

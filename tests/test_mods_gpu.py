@@ -401,13 +401,26 @@ def _float64_backward(q, k, v, dout, logits, tables=()) -> list:
     return leaves
 
 
+@pytest.fixture(params=["sm80", "sm90"])
+def mods_backward(request, monkeypatch):
+    """The backward that runs the mods: the mma.sync one, or the wgmma one
+    (`tuning_bwd.SM90_MODS`, on sm90 GPUs)."""
+    from cute_fa import tuning_bwd
+
+    if request.param == "sm90" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the wgmma backward runs on sm90 GPUs only")
+    monkeypatch.setattr(tuning_bwd, "SM90_MODS", request.param == "sm90")
+    return request.param
+
+
 @pytest.mark.parametrize("name", ["alibi", "softcap", "relative_bias", "document",
                                   "alibi_document", "sliding_window"])
-def test_mod_gradients(name):
-    """dq, dk, dv through a score_mod / mask_mod (the mma.sync backward runs the mods and the
-    score_mod's derivative) against float64 autograd of the same Python functions applied
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_mod_gradients(name, head_dim, mods_backward):
+    """dq, dk, dv through a score_mod / mask_mod (the backward of `mods_backward` runs the mods
+    and the score_mod's derivative) against float64 autograd of the same Python functions applied
     to broadcast index tensors, as FlexAttention's eager path does; GQA, Sq != Sk."""
-    b, sq, sk, hq, hk, d = 2, 300, 257, 4, 2, 64
+    b, sq, sk, hq, hk, d = 2, 300, 257, 4, 2, head_dim
     gen = torch.Generator(device="cuda").manual_seed(41)
     q = _rand(b, sq, hq, d, dtype=torch.bfloat16, gen=gen).requires_grad_()
     k, v = (_rand(b, sk, hk, d, dtype=torch.bfloat16, gen=gen).requires_grad_()
@@ -451,7 +464,7 @@ def _capture_mods(b, hq, sq, sk, gen):
 
 @pytest.mark.parametrize("name", ["alibi_slopes", "query_bias", "key_gate", "relative_bias",
                                   "temperature", "two_loads"])
-def test_captured_tensor_gradients(name):
+def test_captured_tensor_gradients(name, mods_backward):
     """The gradients of float tensors a score_mod captures (a learnable bias table, slopes, a
     temperature), and dq, dk, dv with them, under a causal mask_mod, against float64 autograd
     of the same functions on float64 copies of the tensors; GQA, Sq != Sk."""
@@ -482,7 +495,7 @@ def test_captured_tensor_gradients(name):
 @pytest.mark.parametrize("backend", BLOCK_SPARSE_BACKENDS)
 @pytest.mark.parametrize("block", [128, 64])
 @pytest.mark.parametrize("sparse", [False, True])
-def test_block_mask_gradients(backend, block, sparse, monkeypatch):
+def test_block_mask_gradients(backend, block, sparse, monkeypatch, mods_backward):
     """dq, dk, dv through a block mask (hand-made lists with a causal mask_mod they do not
     follow: the forward walks the lists, the backward masks by the blocks' kinds every query
     block, or with `block_mask.SPARSE_BACKWARD` the listed ones) against float64 autograd of

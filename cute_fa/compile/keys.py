@@ -227,21 +227,27 @@ class MergeKey:
 
 
 
-def _check_backward_key(key: KernelKey, tile_type: type, mods: bool = False) -> None:
+def _check_backward_key(key: KernelKey, tile_type: type, sparse: bool = False) -> None:
     """What every backward main kernel's key must hold: a tile of its kernel's type, no lpt
     (the backward's CTAs own key blocks), no sinks (their LSE holds them), a block mask's
-    query tile lists only where the kernel walks them (the mma.sync one, `mods`, without
-    deterministic's turns, which count every query block), and mods only where the kernel
-    runs them (`mods`)."""
+    query tile lists only where the kernel walks them (`sparse`: the mma.sync one, without
+    deterministic's turns, which count every query block), and capture_grads only for float
+    captures of its score_mod."""
+    key._check_mods()
     if key.sinks:
         raise ValueError("the backward kernels take no sinks (their LSE holds them)")
-    if key.block_sparse and not (mods and not key.deterministic and not key.causal
+    if key.block_sparse and not (sparse and not key.deterministic and not key.causal
                                  and not key.local and not key.varlen_q and not key.varlen_k):
-        raise ValueError("block_sparse: the mma.sync backward of a dense call without causal, "
-                         "a window or deterministic walks a block mask's query tile lists")
-    if not mods and (key.score_mod is not None or key.mask_mod is not None):
-        raise ValueError(f"the {key.backend} backward kernel takes no score_mod or mask_mod "
-                         f"(the mma.sync backward, bwd_sm80, does)")
+        raise ValueError("block_sparse: a backward of a dense call without causal, a window "
+                         "or deterministic walks a block mask's query tile lists")
+    if key.capture_grads:
+        captures = key.score_mod.captures if key.score_mod is not None else ()
+        if any(not isinstance(slot, int) or not 0 <= slot < len(captures)
+               or not captures[slot].dtype.startswith(("float", "bfloat"))
+               for slot in key.capture_grads) or \
+                tuple(sorted(set(key.capture_grads))) != key.capture_grads:
+            raise ValueError(f"capture_grads must be ascending slots of the score_mod's "
+                             f"float captures {captures}, got {key.capture_grads!r}")
     if not isinstance(key.tile, tile_type):
         raise TypeError(f"tile must be a {tile_type.__name__}, got {type(key.tile).__name__}")
     if key.lpt:
@@ -256,7 +262,8 @@ class BwdKey(KernelKey):
     block). lpt has no meaning here: the backward's CTAs own key blocks. capture_grads: the
     slots of the score_mod's captured tensors (float ones) whose gradients the kernel adds
     into float32 tensors of their shapes, its last score tensors
-    (`mods.grad.capture_derivatives`)."""
+    (`mods.grad.capture_derivatives`). block_sparse: the query tiles of each key tile a block
+    mask lists (`BlockMask.query_tiles`), the score tensors after the captures."""
 
     tile: BwdTileConfig = None
     deterministic: bool = False
@@ -264,16 +271,7 @@ class BwdKey(KernelKey):
     backend: ClassVar[str] = "bwd_sm80"
 
     def __post_init__(self):
-        self._check_mods()
-        _check_backward_key(self, BwdTileConfig, mods=True)
-        if self.capture_grads:
-            captures = self.score_mod.captures if self.score_mod is not None else ()
-            if any(not isinstance(slot, int) or not 0 <= slot < len(captures)
-                   or not captures[slot].dtype.startswith(("float", "bfloat"))
-                   for slot in self.capture_grads) or \
-                    tuple(sorted(set(self.capture_grads))) != self.capture_grads:
-                raise ValueError(f"capture_grads must be ascending slots of the score_mod's "
-                                 f"float captures {captures}, got {self.capture_grads!r}")
+        _check_backward_key(self, BwdTileConfig, sparse=True)
 
 
 @dataclass(frozen=True)
@@ -284,7 +282,8 @@ class BwdSm90Key(KernelKey):
     argument), which add their dK and dV into float32 sums (`layouts.bwd.kv_accum_chunk`) that
     `BwdKvPostKey`'s kernel converts; without it one CTA visits the whole group and stores dK
     and dV itself. With deterministic too, the CTAs of a key block add their sums in the order
-    of their shares, on a counter per key block (`ordered_kv_sums`). persistent > 0: a grid of
+    of their shares, on a counter per key block (`ordered_kv_sums`). The mods, capture_grads
+    and block_sparse as `BwdKey`'s (not persistent). persistent > 0: a grid of
     at most that many CTAs, each looping over (key block, K/V head, batch entry) tiles at a
     fixed stride, the next tile's Q and dO loads running under this tile's last query blocks
     and its dK/dV epilogue; 0: one CTA per tile."""
@@ -293,10 +292,11 @@ class BwdSm90Key(KernelKey):
     deterministic: bool = False
     kv_accum: bool = False
     persistent: int = 0
+    capture_grads: tuple = ()
     backend: ClassVar[str] = "bwd_sm90"
 
     def __post_init__(self):
-        _check_backward_key(self, WgmmaBwdTileConfig)
+        _check_backward_key(self, WgmmaBwdTileConfig, sparse=True)
         if self.ctas_per_sm:
             raise ValueError(f"the wgmma backward's CTAs per SM are its tile's "
                              f"(tile.ctas_per_sm), got ctas_per_sm={self.ctas_per_sm}")

@@ -24,6 +24,7 @@ from ..tuning import (DECODE_MAX_SEQLEN_Q, PREFILL_ONLY, decode_ctas_per_sm, dec
                       decode_key, decode_rows_class, is_small_grid, kernel_key,
                       mods_tile, num_splits_heuristic, sm90_long, sm90_pack_gqa,
                       sm90_persistent)
+from .. import tuning_bwd
 from ..tuning_bwd import bwd_head_splits, bwd_keys
 from .call import RAGGED, AttentionCall, BackwardCall, MergeCall, ScoreFeatures
 from .device import Device
@@ -302,7 +303,8 @@ def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan
     f = call.features
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
              f.softcap > 0, f.score_mod, f.mask_mod, f.block_sparse, call.layout,
-             call.deterministic, call.backend, call.capture_grads, over, compile)
+             call.deterministic, call.backend, call.capture_grads, over, compile,
+             tuning_bwd.SM90_MODS)
     main = _BACKWARD_MAIN.get(route)
     if main is None:
         main = _BACKWARD_MAIN[route] = _backward_keys(call, device, 1)[1]
@@ -319,16 +321,19 @@ def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan
 
 
 def _backward_keys(call: BackwardCall, device: Device, head_splits: int) -> tuple:
-    """The backward's keys; with mods the main kernel runs them, the mma.sync one (the only
-    backward that does) where the call leaves the choice to the plan."""
+    """The backward's keys; with mods the main kernel runs them: where the call leaves the
+    choice to the plan, the mma.sync one unless `tuning_bwd.SM90_MODS` lets `bwd_backend`
+    choose."""
     f = call.features
     over = _OVERRIDES[0]
     mods = f.score_mod is not None or f.mask_mod is not None
-    backend = "sm80" if mods and call.backend == "auto" else call.backend
+    backend = "sm80" if mods and call.backend == "auto" and not tuning_bwd.SM90_MODS \
+        else call.backend
     keys = bwd_keys(device.arch, DTYPE_NAMES[call.dtype], call.head_dim, f.causal,
                     local=f.local, softcap=f.softcap > 0, varlen=call.layout == RAGGED,
                     deterministic=call.deterministic, tile_arch=over.tile_arch,
-                    backend=backend, head_splits=head_splits)
+                    backend=backend, head_splits=head_splits,
+                    capture_grads=bool(call.capture_grads))
     if mods:
         extra = {"capture_grads": call.capture_grads} if call.capture_grads else {}
         if f.block_sparse:  # a block mask's query tile lists (`BlockMask.query_tiles`)

@@ -20,12 +20,16 @@ from ..sched.seqlen import QueryRows, SeqlenInfo
 class QueryBlocks:
     """The query blocks a key block's CTA visits, [m_lo, m_hi), and the edges of the keys its
     rows see: `upper` (causal: key <= query + upper) and `window_offset` (a window's lower
-    edge: key >= query + window_offset; None without one)."""
+    edge: key >= query + window_offset; None without one). lists: under block_sparse, the
+    block mask's query tiles of this key block, (count per query head (heads,), tiles per
+    query head (heads, query tiles), heads visited), `BlockMask.query_tiles`' at (batch entry,
+    key block); None otherwise."""
 
     m_lo: object
     m_hi: object
     upper: object
     window_offset: object = None
+    lists: object = None
 
 
 @dataclass(frozen=True)
@@ -109,13 +113,24 @@ class FlashBwdBase:
         return KeyBlockWork(n_block, head_kv, batch, seqlen, causal_offset, group, head0, share)
 
     @cute.jit
-    def _visits(self, work: KeyBlockWork, window_left, window_right) -> tuple:
+    def _visits(self, work: KeyBlockWork, window_left, window_right,
+                score_tensors=None) -> tuple:
         """(`QueryBlocks`, query blocks per head, steps: those of every head it visits) of a
-        CTA's work."""
+        CTA's work; under block_sparse the tiles the lists in score_tensors (after the
+        captures) give the heads visited (`QueryBlocks.lists`; per head: 0, unused)."""
         blocks = self._query_blocks(work.n_block, work.seqlen, work.causal_offset, window_left,
                                     window_right)
         per_head = cutlass.max(blocks.m_hi - blocks.m_lo, 0)
-        return blocks, per_head, per_head * work.group
+        steps = per_head * work.group
+        if cutlass.const_expr(self.block_sparse):
+            counts = score_tensors[self.n_captures][work.batch, None, work.n_block]
+            listed = score_tensors[self.n_captures + 1][work.batch, None, work.n_block, None]
+            steps = cutlass.Int32(0)
+            for g in cutlass.range(work.group, unroll=1):
+                steps = steps + counts[work.head0 + g]
+            blocks = QueryBlocks(blocks.m_lo, blocks.m_hi, blocks.upper, blocks.window_offset,
+                                 (counts, listed, work.group))
+        return blocks, per_head, steps
 
     @cute.jit
     def _query_blocks(self, n_block, seqlen: SeqlenInfo, causal_offset, window_left,
@@ -160,14 +175,16 @@ class FlashBwdBase:
             dtanh.store(1.0 - acc_S.load() * acc_S.load())
         return dtanh
 
-    def _mod_scores(self, acc_S, acc_S_mn, thr, query0, key0, seqlen: SeqlenInfo, batch, head,
-                    score_tensors, pre_scale):
+    def _mod_scores(self, acc_S, acc_S_mn, coords: mods.TileCoords, key0, seqlen: SeqlenInfo,
+                    batch, head, score_tensors, pre_scale):
         """With mods, the recomputed scores through them as in the forward (`mods.apply_mods`:
         score_mod of S * pre_scale, -inf where mask_mod drops the key), before the mask; returns
         score_mod's derivative at each score, the factor dS takes (None without a score_mod),
-        and, per `capture_pairs`, its derivative with respect to that load (in acc_S's
-        row-column layout: `_capture_grads` reads them). The tile's rows are queries query0 +
-        row_offsets of `head`, its columns keys key0 + col_offsets."""
+        and, per `capture_pairs`, its derivative with respect to that load (in acc_S_mn's
+        layout: `_capture_grads` reads them). acc_S_mn: acc_S's (query, key) view, whose rows
+        are queries coords.query0 + coords.row_offsets of `head`, its columns keys key0 +
+        coords.col_offsets (a kernel whose tile is S^T passes the view with its modes
+        swapped)."""
         grad = None
         derivatives = ()
         if cutlass.const_expr(self.has_mods):
@@ -178,7 +195,6 @@ class FlashBwdBase:
             derivatives = tuple(
                 (graph, cute.make_tensor(cute.make_fragment_like(acc_S).iterator,
                                          acc_S_mn.layout)) for _, graph in self.capture_pairs)
-            coords = mods.TileCoords(thr.row_offsets, thr.col_offsets, query0)
             mods.apply_mods(acc_S_mn, coords, key0, _ROWS, seqlen,
                             mods.ModArgs(batch, head, score_tensors if score_tensors is None
                                          else score_tensors[:self.n_captures]),
@@ -186,16 +202,17 @@ class FlashBwdBase:
                             grad_mn, derivatives)
         return grad, tuple(mn for _, mn in derivatives)
 
-    def _capture_grads(self, dS_mn, derivative_mns, thr, query0, key0, seqlen: SeqlenInfo,
-                       batch, head, score_tensors):
-        """dL / d score_mod of the tile (dS_mn, before score_mod's derivative) into the captured
-        tensors' gradients (`mods.add_capture_grads`), the score tensors after the captures."""
+    def _capture_grads(self, dS_mn, derivative_mns, coords: mods.TileCoords, key0,
+                       seqlen: SeqlenInfo, batch, head, score_tensors):
+        """dL / d score_mod of the tile (dS_mn, before score_mod's derivative, in the (query,
+        key) view `_mod_scores` took) into the captured tensors' gradients
+        (`mods.add_capture_grads`), the score tensors after the captures."""
         if cutlass.const_expr(len(self.capture_pairs) > 0):
             n_mods = len(self.score_mod.captures)
             mods.add_capture_grads(
-                dS_mn, mods.TileCoords(thr.row_offsets, thr.col_offsets, query0), key0, _ROWS,
-                seqlen, mods.ModArgs(batch, head, score_tensors[:n_mods]), self.capture_pairs,
-                derivative_mns, self.capture_slots,
+                dS_mn, coords, key0, _ROWS, seqlen, mods.ModArgs(batch, head,
+                                                                 score_tensors[:n_mods]),
+                self.capture_pairs, derivative_mns, self.capture_slots,
                 score_tensors[self.n_captures + (2 if self.block_sparse else 0):])
 
     def _dq_sync(self):

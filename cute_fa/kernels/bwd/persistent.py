@@ -23,7 +23,8 @@ class PersistentTiles:
     @cute.jit
     def _persistent(self, tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K,
                     tma_atom_V, tma_V, mLSE, mD, mdQaccum, mdK, mdV, scale_log2, softmax_scale,
-                    causal_offset, Storage, window_left, window_right, softcap_scale):
+                    causal_offset, Storage, window_left, window_right, softcap_scale,
+                    score_tensors):
         """A persistent CTA: tiles blockIdx.x, blockIdx.x + gridDim.x, ... of (key block, K/V
         head, batch entry), key blocks fastest as the one-tile grid starts them. Every role
         walks the same tiles (`_over_tiles`) with the ring's rounds running on, so the
@@ -68,7 +69,7 @@ class PersistentTiles:
                                            softcap_scale, work.seqlen, blocks, work.batch,
                                            work.head_kv, work.head0, work.n_block, per_head,
                                            steps, None, None, tidx - wgmma.WARPGROUP_THREADS,
-                                           0, base, tile), *walk)
+                                           0, base, tile, score_tensors), *walk)
 
     @cute.jit
     def _over_tiles(self, body, tma_Q, tma_K, causal_offset, window_left, window_right):

@@ -42,7 +42,7 @@ import cutlass.memory
 
 from ...layouts import bwd as bwd_layouts, copies, mma as mma_mod
 from ...layouts._types import cutlass_dtype
-from ..common import epilogue, mask
+from ..common import epilogue, mask, mods
 from ..common.gemm import gemm_ldmatrix
 from ..common.launch import occupancy_options
 from ..common.loads import load_rows
@@ -338,9 +338,10 @@ class FlashBwdSm80(FlashBwdBase):
                       v["tSsQ"][None, None, None, stage], v["rA_sdp"], fine=False)
         dtanh = self._softcap_scores(acc_S, softcap_scale)
         acc_S_mn = cute.make_tensor(acc_S.iterator, mma_mod.acc_rowcol_layout(acc_S.layout))
-        dmod, dcaptures = self._mod_scores(acc_S, acc_S_mn, thr, query0, n_block * bn + thr.col0,
-                                           seqlen, batch, rows.head, score_tensors,
-                                           softcap_scale)
+        coords = mods.TileCoords(thr.row_offsets, thr.col_offsets, query0)
+        key0 = n_block * bn + thr.col0
+        dmod, dcaptures = self._mod_scores(acc_S, acc_S_mn, coords, key0, seqlen, batch,
+                                           rows.head, score_tensors, softcap_scale)
         if self._masked(m_block, n_block, blocks, seqlen):
             mask.apply_mask(acc_S_mn, thr.row_offsets, thr.col_offsets, query0,
                             n_block * bn + thr.col0, seqlen.seqlen_k, blocks.upper, self.causal,
@@ -359,8 +360,8 @@ class FlashBwdSm80(FlashBwdBase):
             acc_dP_mn[r, None] = acc_S_mn[r, None].load() * (acc_dP_mn[r, None].load() - rD[r])
         if cutlass.const_expr(self.softcap):
             acc_dP.store(acc_dP.load() * dtanh.load())
-        self._capture_grads(acc_dP_mn, dcaptures, thr, query0, n_block * bn + thr.col0, seqlen,
-                            batch, rows.head, score_tensors)
+        self._capture_grads(acc_dP_mn, dcaptures, coords, key0, seqlen, batch, rows.head,
+                            score_tensors)
         if cutlass.const_expr(self.score_mod is not None):
             acc_dP.store(acc_dP.load() * dmod.load())
 

@@ -66,7 +66,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from ...layouts import bwd as bwd_layouts, bwd_wgmma, ring, smem, tma, wgmma
 from ...layouts._types import cutlass_dtype
-from ..common import bulk, epilogue, mask
+from ..common import bulk, epilogue, mask, mods
 from ..common.launch import occupancy_options
 from ..common.softmax import score_scales
 from ..common.thread_mma import tile_place
@@ -107,7 +107,8 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
                  mdVaccum: Optional[cute.Tensor], head_splits: Optional[cutlass.Int32],
                  mKvSemaphore: Optional[cute.Tensor], stream):
         """The optional arguments are those the key asks for (`compile.registry`), None
-        elsewhere (score_tensors always: this kernel's key takes no mods)."""
+        elsewhere (score_tensors: the mods' captured tensors, then the captured tensors'
+        gradients, `FlashBwdBase._capture_grads`)."""
         cfg = self.cfg
         q_tile = (cfg.block_m, cfg.head_dim_padded)
         kv_tile = (cfg.block_n, cfg.head_dim_padded)
@@ -122,7 +123,8 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(load, tma.tma_view(mV), layout_kv,
                                                         kv_tile)
         Storage = bwd_wgmma.shared_storage(cfg, self.bars.count)
-        scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap)
+        scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap,
+                                                 self.score_mod is not None)
         keys = max_seqlen_k if cutlass.const_expr(self.varlen_k) else mK.shape[1]
         heads = mK.shape[2] * head_splits if cutlass.const_expr(self.kv_accum) else mK.shape[2]
         if cutlass.const_expr(self.persistent):
@@ -136,7 +138,7 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
                     tma_V, mLSE, mD, mdQaccum, mdK, mdV, scale_log2, softmax_scale,
                     causal_offset, Storage, mCuSeqlensQ, mCuSeqlensK, window_left,
                     window_right, softcap_scale, mSemaphore, mdKaccum, mdVaccum,
-                    head_splits, mKvSemaphore).launch(
+                    head_splits, mKvSemaphore, score_tensors).launch(
             grid=grid, block=(self.roles.threads, 1, 1),
             smem=Storage.size_in_bytes(), stream=stream, **occupancy_options(self.ctas_per_sm))
 
@@ -151,18 +153,19 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
                window_left: Optional[cutlass.Int32], window_right: Optional[cutlass.Int32],
                softcap_scale: Optional[cutlass.Float32], mSemaphore: Optional[cute.Tensor],
                mdKaccum: Optional[cute.Tensor], mdVaccum: Optional[cute.Tensor],
-               head_splits: Optional[cutlass.Int32], mKvSemaphore: Optional[cute.Tensor]):
+               head_splits: Optional[cutlass.Int32], mKvSemaphore: Optional[cute.Tensor],
+               score_tensors: Optional[tuple]):
         if cutlass.const_expr(self.persistent):
             self._persistent(tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K,
                              tma_atom_V, tma_V, mLSE, mD, mdQaccum, mdK, mdV, scale_log2,
                              softmax_scale, causal_offset, Storage, window_left, window_right,
-                             softcap_scale)
+                             softcap_scale, score_tensors)
         else:
             self._single(tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V,
                          tma_V, mLSE, mD, mdQaccum, mdK, mdV, scale_log2, softmax_scale,
                          causal_offset, Storage, mCuSeqlensQ, mCuSeqlensK, window_left,
                          window_right, softcap_scale, mSemaphore, mdKaccum, mdVaccum,
-                         head_splits, mKvSemaphore)
+                         head_splits, mKvSemaphore, score_tensors)
 
     @cute.jit
     def _init_barriers(self, mbar, warp):
@@ -188,7 +191,7 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
     def _single(self, tma_atom_Q, tma_Q, tma_atom_dO, tma_dO, tma_atom_K, tma_K, tma_atom_V,
                 tma_V, mLSE, mD, mdQaccum, mdK, mdV, scale_log2, softmax_scale, causal_offset,
                 Storage, mCuSeqlensQ, mCuSeqlensK, window_left, window_right, softcap_scale,
-                mSemaphore, mdKaccum, mdVaccum, head_splits, mKvSemaphore):
+                mSemaphore, mdKaccum, mdVaccum, head_splits, mKvSemaphore, score_tensors):
         """One CTA, one key block (the grid's x), K/V head (y; under kv_accum with its share)
         and batch entry (z)."""
         cfg = self.cfg
@@ -204,7 +207,8 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
 
         # a ragged batch's short entries have fewer key blocks than the grid
         if n_block * cfg.block_n < seqlen.seqlen_k:
-            blocks, per_head, steps = self._visits(work, window_left, window_right)
+            blocks, per_head, steps = self._visits(work, window_left, window_right,
+                                                   score_tensors)
             if warp < 4:
                 cute.arch.setmaxregister_decrease(self.roles.producer_regs)
                 if warp == 0:
@@ -224,14 +228,25 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
                 self._consume(storage, grads, scale_log2, softmax_scale, softcap_scale, seqlen,
                               blocks, batch, head_kv, head0, n_block, per_head, steps,
                               mCuSeqlensQ, mCuSeqlensK, tidx - wgmma.WARPGROUP_THREADS,
-                              work.share)
+                              work.share, score_tensors=score_tensors)
 
     # ---- the producer warpgroup ----
 
     @cute.jit
     def _step_place(self, i, blocks: QueryBlocks, head0, per_head):
         """(query head, query block) of step i: the CTA's heads from head0 in turn, each over
-        its query blocks."""
+        its query blocks (block_sparse: those its lists give, `QueryBlocks.lists`; the head is
+        found by subtracting the counts of the heads before it, a few cached loads)."""
+        if cutlass.const_expr(self.block_sparse):
+            counts, listed, group = blocks.lists
+            head = head0
+            j = i
+            for _ in cutlass.range(group - 1, unroll=1):
+                count = counts[head]
+                if j >= count:
+                    j = j - count
+                    head = head + 1
+            return head, listed[head, j]
         g = i // per_head
         return head0 + g, blocks.m_lo + i - g * per_head
 
@@ -436,7 +451,8 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
     @cute.jit
     def _consume(self, storage, grads: "Grads", scale_log2, softmax_scale, softcap_scale,
                  seqlen: SeqlenInfo, blocks: QueryBlocks, batch, head_kv, head0, n_block,
-                 per_head, steps, mCuSeqlensQ, mCuSeqlensK, ctidx, share, base=None, tile=None):
+                 per_head, steps, mCuSeqlensQ, mCuSeqlensK, ctidx, share, base=None, tile=None,
+                 score_tensors=None):
         """The consumers' tile: every step, then dK and dV out. base, tile: a persistent CTA's
         ring rounds and tiles before this one (`_persistent`); it waits for K and V even
         without steps (the producer loads them for every tile, so the barrier's phases stay
@@ -533,6 +549,13 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
             dtanh = self._softcap_scores(acc_S, softcap_scale)
             acc_S_mn = cute.make_tensor(acc_S.iterator, wgmma.acc_rowcol_layout(acc_S.layout))
             query0 = m_block * bm + place["col0"]
+            # the mods see (query, key): the tile is S^T, so its view with the modes swapped
+            coords = mods.TileCoords(cols, rows, query0)
+            dmod, dcaptures = None, ()
+            if cutlass.const_expr(self.has_mods):
+                dmod, dcaptures = self._mod_scores(acc_S, _swapped(acc_S_mn), coords, key0,
+                                                   seqlen, batch, head, score_tensors,
+                                                   softcap_scale)
             if self._masked(m_block, n_block, blocks, seqlen):
                 mask.apply_mask_transposed(acc_S_mn, rows, cols, key0, query0, seqlen.seqlen_k,
                                            blocks.upper, self.causal, blocks.window_offset)
@@ -558,6 +581,11 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
                     acc_dP_mn[r, c] = acc_S_mn[r, c] * (acc_dP_mn[r, c] - d)
             if cutlass.const_expr(self.softcap):
                 acc_dP.store(acc_dP.load() * dtanh.load())
+            if cutlass.const_expr(len(dcaptures) > 0):
+                self._capture_grads(_swapped(acc_dP_mn), dcaptures, coords, key0, seqlen, batch,
+                                    head, score_tensors)
+            if cutlass.const_expr(self.score_mod is not None):
+                acc_dP.store(acc_dP.load() * dmod.load())
             rdS = cute.make_fragment_like(acc_dP, dtype)
             rdS.store(acc_dP.load().to(dtype))
             cute.copy(r2s, thr_r2s.retile(rdS), tdSsdS)
@@ -632,3 +660,8 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
             # the staging's generic-proxy accesses ordered before the next tile's TMA writes
             cute.arch.fence_view_async_shared()
             cute.arch.mbarrier_arrive(mbar + bars.kv_empty)
+
+
+def _swapped(tensor: cute.Tensor) -> cute.Tensor:
+    """A 2-d tensor's view with its modes swapped: the (query, key) view of an S^T tile."""
+    return cute.make_tensor(tensor.iterator, cute.select(tensor.layout, mode=[1, 0]))

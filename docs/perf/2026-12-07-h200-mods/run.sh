@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# This session's device calls, from the repo root on one warm machine, after half 1 of the DSL's
+# part a is staged (carry .devpkgs/a1: bash .devpkgs/a1/install.sh). Logs go to $OUT as they are
+# written; the compile cache (/tmp/cfa) is shared across the calls.
+#   run.sh tests   carry .devpkgs/a2 and .devpkgs/b: the rest of the DSL, then the mods' GPU
+#                  tests with FASTMATH, WHOLE_TILES and SPARSE_BACKWARD on
+#   run.sh fwd [SEQLENS]  the mods' forward against FlexAttention (../2026-12-06-mods/)
+#   run.sh bwd [SEQLENS]  their backward (bench_mods_bwd.py)
+#   run.sh ab [SEQLENS]   ../2026-12-07-mods-tiles/ab_mod_tiles.py, the tiles for mods
+set -uo pipefail
+if [ "$1" = tests ]; then
+  bash .devpkgs/a2/install.sh && bash .devpkgs/b/install.sh || exit 1
+fi
+. /opt/cutedsl/env.sh
+export PYTHONPATH=$PWD:$PWD/tests:$PYTHONPATH PYTHONUNBUFFERED=1 CUTE_FA_CACHE_DIR=/tmp/cfa
+here=docs/perf/2026-12-07-h200-mods
+case $1 in
+  tests)
+    nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > "$OUT"/env.txt
+    python -c "import torch; print(torch.__version__, torch.version.cuda)" >> "$OUT"/env.txt
+    timeout ${MODS_S:-420} python -m pytest -q -p no:cacheprovider -n 12 --durations=15 \
+      tests/test_mod_probe_gpu.py tests/test_mods_gpu.py > "$OUT"/mods_gpu_tests.log 2>&1
+    grep -E "FAILED|ERROR" "$OUT"/mods_gpu_tests.log | head -30; tail -3 "$OUT"/mods_gpu_tests.log ;;
+  fwd)
+    timeout ${BENCH_S:-560} python docs/perf/2026-12-06-mods/bench_mods.py "$OUT" \
+      ${2:-1024,4096,16384} bench_mods > "$OUT"/bench_mods.log 2>&1
+    tail -20 "$OUT"/bench_mods.log ;;
+  bwd)
+    timeout ${BENCH_S:-560} python $here/bench_mods_bwd.py "$OUT" ${2:-1024,4096,16384} \
+      > "$OUT"/bench_mods_bwd.log 2>&1
+    tail -20 "$OUT"/bench_mods_bwd.log ;;
+  ab)
+    timeout ${AB_S:-400} python docs/perf/2026-12-07-mods-tiles/ab_mod_tiles.py "$OUT" \
+      ${2:-1024,4096,16384} > "$OUT"/ab_mod_tiles.log 2>&1
+    tail -20 "$OUT"/ab_mod_tiles.log ;;
+esac
+true
