@@ -2,7 +2,7 @@
 (no downloads) give the logits of the `eager` implementation within the deviation that `sdpa`
 itself shows from `eager` (max|cute_fa - eager| <= 2 max|sdpa - eager| + 1e-3 max|logits|), for
 dense batches, left-padded batches, sliding-window layers, softcapped scores and KV-cache
-decoding through generate()."""
+decoding through generate(); gpt-oss's sinks, forward and a training step's gradients."""
 
 import pytest
 
@@ -154,6 +154,55 @@ def test_generate_with_kv_cache(name, padded):
     dev_cute = (steps - ref).abs().max().item()
     dev_sdpa = (sdpa - ref).abs().max().item()
     assert dev_cute <= 2 * dev_sdpa + 1e-3 * ref.abs().max().item(), (dev_cute, dev_sdpa)
+
+
+def gpt_oss():
+    """gpt-oss: attention sinks (s_aux), a sliding and a full layer, a mixture of experts that
+    routes every token to all of them (a top-k choice would flip on bf16 rounding)."""
+    cfg = transformers.GptOssConfig(hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                                    num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                                    vocab_size=1000, max_position_embeddings=4096,
+                                    num_local_experts=4, num_experts_per_tok=4,
+                                    sliding_window=48,
+                                    layer_types=["sliding_attention", "full_attention"])
+    return cfg, transformers.GptOssForCausalLM
+
+
+def test_gpt_oss_logits_and_training_step():
+    """gpt-oss (random init, sinks set to matter) through cute_fa: the logits and every
+    attention parameter's gradient of a training step (the sinks' among them) against float32
+    eager, within twice the deviation of bf16 eager from it (+ 1e-3 of the scale)."""
+    import copy
+
+    cfg, cls = gpt_oss()
+    torch.manual_seed(0)
+    reference = cls(cfg).to(device="cuda", dtype=torch.float32)
+    with torch.no_grad():
+        for layer in reference.model.layers:
+            layer.self_attn.sinks.copy_(torch.linspace(-1.0, 3.0, cfg.num_attention_heads))
+    model = copy.deepcopy(reference).to(torch.bfloat16)
+    ids = torch.randint(0, 1000, (2, 150), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(6))
+
+    def step(m, impl):
+        m.set_attn_implementation(impl)
+        m.train()
+        m.zero_grad()
+        out = m(input_ids=ids, labels=ids)
+        out.loss.backward()
+        return [out.logits.double()] + [p.grad.double() for name, p in
+                                        sorted(m.named_parameters()) if "self_attn" in name]
+
+    want = step(reference, "eager")
+    # the logits, then per layer the sinks and the q, k, v, o projections' weights and biases
+    assert len(want) == 1 + 2 * 9
+    deviation = {}
+    for impl in ("eager", "cute_fa"):
+        got = step(model, impl)
+        deviation[impl] = [((g - w).abs().max() / w.abs().max()).item()
+                           for g, w in zip(got, want)]
+    for i, (cute, eager) in enumerate(zip(deviation["cute_fa"], deviation["eager"])):
+        assert cute <= 2 * eager + 1e-3, (i, deviation)
 
 
 def test_training_mode_dropout_is_refused():

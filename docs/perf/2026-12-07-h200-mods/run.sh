@@ -3,7 +3,9 @@
 # part a is staged (carry .devpkgs/a1: bash .devpkgs/a1/install.sh). Logs go to $OUT as they are
 # written; the compile cache (/tmp/cfa) is shared across the calls.
 #   run.sh tests   carry .devpkgs/a2 and .devpkgs/b: the rest of the DSL, then the mods' GPU
-#                  tests with FASTMATH, WHOLE_TILES and SPARSE_BACKWARD on
+#                  tests with FASTMATH, WHOLE_TILES and SPARSE_BACKWARD on (both backwards), and
+#                  gpt-oss through the HF integration
+#   run.sh bench [SEQLENS] fwd then bwd, each within a time bound (one call)
 #   run.sh fwd [SEQLENS]  the mods' forward against FlexAttention (../2026-12-06-mods/)
 #   run.sh bwd [SEQLENS]  their backward (bench_mods_bwd.py)
 #   run.sh ab [SEQLENS]   ../2026-12-07-mods-tiles/ab_mod_tiles.py, the tiles for mods
@@ -19,8 +21,12 @@ case $1 in
     nvidia-smi --query-gpu=name,clocks.max.sm --format=csv > "$OUT"/env.txt
     python -c "import torch; print(torch.__version__, torch.version.cuda)" >> "$OUT"/env.txt
     timeout ${MODS_S:-420} python -m pytest -q -p no:cacheprovider -n 12 --durations=15 \
-      tests/test_mod_probe_gpu.py tests/test_mods_gpu.py > "$OUT"/mods_gpu_tests.log 2>&1
+      tests/test_mod_probe_gpu.py tests/test_mods_gpu.py tests/test_hf_gpu.py \
+      -k "not test_hf_gpu or gpt_oss" > "$OUT"/mods_gpu_tests.log 2>&1
     grep -E "FAILED|ERROR" "$OUT"/mods_gpu_tests.log | head -30; tail -3 "$OUT"/mods_gpu_tests.log ;;
+  bench)  # the forward's and the backward's benchmarks at S 4k and 16k, each bounded
+    BENCH_S=${FWD_S:-230} bash $here/run.sh fwd ${2:-4096,16384}
+    BENCH_S=${BWD_S:-300} bash $here/run.sh bwd ${2:-4096,16384} ;;
   fwd)
     timeout ${BENCH_S:-560} python docs/perf/2026-12-06-mods/bench_mods.py "$OUT" \
       ${2:-1024,4096,16384} bench_mods > "$OUT"/bench_mods.log 2>&1
