@@ -162,7 +162,6 @@ def test_block_mask_refusals(launches):
              block_mask=bm)
     _refused(ValueError, r"batch and heads \(3, 1\)", qkv(),
              block_mask=create_block_mask(lambda b, h, q, kv: q >= kv, 3, None, 1000, 1000))
-    _refused(ValueError, "not the TMA kernel", block_mask=bm, backend="tma")
     _refused(TypeError, "block_mask must be", block_mask=object())
     with pytest.raises(ValueError, match="enable_gqa=True"):
         cute_fa.flex_attention(*(t.transpose(1, 2) for t in qkv()))
@@ -224,7 +223,8 @@ def test_exact_mask_mod_is_what_the_blocks_say():
                                                      (192, "sm90", (128, 64)),
                                                      (256, "sm90", (128, 64)),
                                                      (128, "sm90", (128, 128)),
-                                                     (64, "sm80", (128, 64))])
+                                                     (64, "sm80", (128, 64)),
+                                                     (128, "tma", (128, 64))])
 def test_block_mask_tiles_fit_its_blocks(launches, monkeypatch, head_dim, backend, tile):
     """A block-sparse call runs a tile whose rows and keys lie inside the mask's blocks of 128
     (the wgmma kernel's 192 x 128 at head_dim 64, 128 x 112 at 192 and 128 x 80 at 256 would

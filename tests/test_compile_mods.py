@@ -77,7 +77,7 @@ def test_attention_kernels_compile_with_mods(mods, arch, backend, causal):
 def test_backward_compiles_with_mods(arch, backend, head_dim, causal):
     """The mma.sync and wgmma backwards with a score_mod (its derivative too) and a mask_mod
     reading captured tensors compile within tuning.MOD_SPILL_BUDGET, loading the captures; the
-    wgmma one refuses a block mask's query tile lists (it visits every query block)."""
+    persistent wgmma one refuses a block mask's query tile lists."""
     import dataclasses
 
     from cute_fa.compile.build import compile_kernel
@@ -96,19 +96,22 @@ def test_backward_compiles_with_mods(arch, backend, head_dim, causal):
     loads = len(re.findall(r"\bld\.global", ptx)) - len(re.findall(
         r"\bld\.global", compile_kernel(plain, keep_ptx=True).__ptx__))
     assert loads >= len(key.mod_captures), loads
-    if backend == "sm90":
-        with pytest.raises(ValueError, match="block_sparse"):
-            dataclasses.replace(key, causal=False, block_sparse=True)
+    if backend == "sm90":  # a persistent CTA's tiles would need their own lists
+        with pytest.raises(ValueError, match="persistence"):
+            dataclasses.replace(key, causal=False, block_sparse=True, persistent=132)
 
 
 @pytest.mark.parametrize("arch, backend, head_dim", [("sm_80", "sm80", 128),
                                                     ("sm_90a", "sm90", 128),
                                                     ("sm_90a", "sm90", 64),
-                                                    ("sm_90a", "sm90", 256)])
+                                                    ("sm_90a", "sm90", 256),
+                                                    ("sm_120a", "tma", 128),
+                                                    ("sm_90a", "tma", 64)])
 @pytest.mark.parametrize("mods", ["alibi_document", "bool_blocks", "blocks_only",
                                   "exact_document"])
 def test_block_sparse_kernels_compile(mods, arch, backend, head_dim):
-    """The block-sparse kernels (a block mask's key tile lists, `Sm80Key`/`Sm90Key.block_sparse`)
+    """The block-sparse kernels (a block mask's key tile lists, `block_sparse` of the cp.async,
+    wgmma and TMA kernels' keys)
     compile within tuning.MOD_SPILL_BUDGET with a mask_mod, which runs on the tiles the list
     does not mark whole, beside a score_mod that runs on every tile; with no mask_mod (a mask
     of blocks alone); and with the mask_mod a tile that straddles the mask's blocks runs
@@ -211,12 +214,13 @@ def test_backward_with_capture_grads_compiles(arch, name, backend):
         dataclasses.replace(plain, capture_grads=(len(plain.score_mod.captures),))
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("arch, backend", [("sm_80", "sm80"), ("sm_90a", "sm80"),
+                                           ("sm_90a", "sm90")])
 @pytest.mark.parametrize("sparse", [False, True])
-def test_backward_with_a_block_mask_compiles(arch, sparse):
-    """The mma.sync backward of a block-sparse call: the mask as a mask_mod over the blocks'
-    kinds (`block_mask.exact_mask_mod`, one int32 load per score beside the document mask's
-    own), visiting every query block or (sparse, `BwdKey.block_sparse`) the listed ones,
+def test_backward_with_a_block_mask_compiles(arch, backend, sparse):
+    """The mma.sync and wgmma backwards of a block-sparse call: the mask as a mask_mod over the
+    blocks' kinds (`block_mask.exact_mask_mod`, one int32 load per score beside the document
+    mask's own), visiting every query block or (sparse, `block_sparse`) the listed ones,
     within tuning.MOD_SPILL_BUDGET; sparse with a captured tensor's gradient too, whose
     buffer follows the lists (one more reduction per warp)."""
     import dataclasses
@@ -228,7 +232,7 @@ def test_backward_with_a_block_mask_compiles(arch, sparse):
     from cute_fa.tuning_bwd import bwd_keys
 
     mask = exact_mask_mod(trace_mask_mod(MASKS["document"])[0], (128, 128))
-    key = dataclasses.replace(bwd_keys(arch, "bfloat16", 128, False, backend="sm80")[1],
+    key = dataclasses.replace(bwd_keys(arch, "bfloat16", 128, False, backend=backend)[1],
                               mask_mod=mask, block_sparse=sparse)
     ptx = compile_kernel(key, keep_ptx=True).__ptx__
     res = ptxas_resources(ptx, arch)

@@ -271,7 +271,7 @@ def test_sinks_in_decode(paged):
             1.0, lse_ref.abs().max().item()), splits
 
 
-BLOCK_SPARSE_BACKENDS = ["sm80", "sm90"]
+BLOCK_SPARSE_BACKENDS = ["sm80", "tma", "sm90"]
 
 
 @pytest.mark.parametrize("backend", BLOCK_SPARSE_BACKENDS)

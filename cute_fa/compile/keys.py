@@ -71,17 +71,16 @@ class KernelKey:
         if self.score_mod is not None and self.softcap:
             raise ValueError("a softcap and a score_mod together: the softcap is a score_mod "
                              "(softcap * tanh(score / softcap)); give one or the other")
-        if self.block_sparse and (self.backend == "tma" or self.causal or self.local
+        if self.block_sparse and (self.causal or self.local
                                   or self.varlen_q or self.varlen_k or self.lpt
                                   or getattr(self, "pack_gqa", 1) > 1
                                   or getattr(self, "persistent", 0)
                                   or getattr(self, "split_kv", False)
                                   or getattr(self, "page_size", 0)
                                   or getattr(self, "seqused_k", False)):
-            raise ValueError("block_sparse visits a block mask's key blocks in dense calls of "
-                             "the sm80 and sm90 kernels: not the TMA kernel, causal (put it "
-                             "in the mask), a window, a ragged batch, lpt, GQA packing, "
-                             "persistence, split-KV or a KV cache")
+            raise ValueError("block_sparse visits a block mask's key blocks in dense calls: "
+                             "not causal (put it in the mask), a window, a ragged batch, lpt, "
+                             "GQA packing, persistence, split-KV or a KV cache")
 
 
 def _check_persistent(persistent) -> None:

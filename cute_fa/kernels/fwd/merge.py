@@ -15,7 +15,6 @@ covers THREADS // (head_dim / VEC) rows. Rows are (batch, query, head) in the ou
 (head fastest), so a warp's stores are contiguous for a dense output.
 """
 
-import math
 
 import cutlass
 import cutlass.cute as cute

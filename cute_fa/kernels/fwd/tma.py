@@ -154,7 +154,8 @@ class FlashFwdTma(FlashFwdBase):
         stages = self.kv_stages
         tidx, _, _ = cute.arch.thread_idx()
         tile, seqlen, keys = self._tma_work(tma_Q, tma_K, causal_offset, mCuSeqlensQ,
-                                            mCuSeqlensK, window_left, window_right)
+                                            mCuSeqlensK, window_left, window_right,
+                                            score_tensors)
         n_block_max = keys.n_block_max
         n_rounds = self._n_rounds(n_block_max, keys.n_block_min)
 
@@ -189,7 +190,7 @@ class FlashFwdTma(FlashFwdBase):
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=bar_Q)
             for i in cutlass.range_constexpr(stages):
                 if i < n_rounds:
-                    self._load_kv(loads, i, n_block_max - 1 - i)
+                    self._load_kv(loads, i, self.real_block(keys.blocks, n_block_max - 1 - i))
 
         thr = thread_mma(cfg, tidx, sQ, sK, sVt, sK[None, None, 0], sVt[None, None, 0],
                          scale_log2, self.lazy_threshold)
@@ -351,7 +352,8 @@ class FlashFwdTma(FlashFwdBase):
         if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
             if slot.i + self.kv_stages < self._n_rounds(ctx.n_block_max, ctx.n_block_min):
                 cute.arch.mbarrier_wait(ctx.loads.bar_E + slot.stage, slot.phase)
-                self._load_kv(ctx.loads, slot.i + self.kv_stages, slot.n_block - self.kv_stages)
+                self._load_kv(ctx.loads, slot.i + self.kv_stages,
+                              self.real_block(ctx.blocks, slot.n_block - self.kv_stages))
             if cutlass.const_expr(ctx.loads.next_tile is not None):
                 # past this tile's rounds: the next tile's round j, into the same stage
                 j = slot.i + self.kv_stages - self._n_rounds(ctx.n_block_max, ctx.n_block_min)
