@@ -229,9 +229,9 @@ class MergeKey:
 def _check_backward_key(key: KernelKey, tile_type: type, sparse: bool = False) -> None:
     """What every backward main kernel's key must hold: a tile of its kernel's type, no lpt
     (the backward's CTAs own key blocks), no sinks (their LSE holds them), a block mask's
-    query tile lists only where the kernel walks them (`sparse`: the mma.sync one, without
-    deterministic's turns, which count every query block), and capture_grads only for float
-    captures of its score_mod."""
+    query tile lists only where the kernel walks them (`sparse`) in a dense call without
+    causal, a window or deterministic's turns (which count every query block), and
+    capture_grads only for float captures of its score_mod."""
     key._check_mods()
     if key.sinks:
         raise ValueError("the backward kernels take no sinks (their LSE holds them)")

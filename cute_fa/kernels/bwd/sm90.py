@@ -107,8 +107,8 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
                  mdVaccum: Optional[cute.Tensor], head_splits: Optional[cutlass.Int32],
                  mKvSemaphore: Optional[cute.Tensor], stream):
         """The optional arguments are those the key asks for (`compile.registry`), None
-        elsewhere (score_tensors: the mods' captured tensors, then the captured tensors'
-        gradients, `FlashBwdBase._capture_grads`)."""
+        elsewhere (score_tensors: the mods' captured tensors, a block mask's query tile lists
+        (`QueryBlocks.lists`), the captured tensors' gradients (`_capture_grads`))."""
         cfg = self.cfg
         q_tile = (cfg.block_m, cfg.head_dim_padded)
         kv_tile = (cfg.block_n, cfg.head_dim_padded)
