@@ -88,7 +88,7 @@ BWD_SM90_AUTO = (64, 128, 192, 256)  # the head_dim classes 'auto' runs the wgmm
 # Whether 'auto' runs the backward of a call with a score_mod or mask_mod on the wgmma kernel
 # (sm90) rather than the mma.sync one: compiled and resource-checked on the CPU
 # (tests/test_compile_mods.py), off until its GPU tests and timing run
-# (docs/perf/2026-12-07-h200-mods/).
+# (docs/perf/2026-12-07-cpu-bwd-mods/).
 SM90_MODS = False
 BWD_BACKENDS = ("auto", "sm80", "sm90")
 
