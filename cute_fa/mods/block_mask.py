@@ -17,16 +17,16 @@ from .graph import BOOL, INT, Capture, ModGraph, Node
 from .trace import trace_mask_mod
 
 
-# Whether the mma.sync backward of a block mask visits only the query tiles that meet listed
-# blocks (`BlockMask.query_tiles`, `BwdKey.block_sparse`) rather than every one, each masked
+# Whether the backward of a block mask visits only the query tiles that meet listed blocks
+# (`BlockMask.query_tiles`, the backward keys' block_sparse) rather than every one, each masked
 # by the blocks' kinds either way. Compiled and checked on the CPU; off until its GPU tests
-# (docs/perf/2026-12-07-mods-tiles/).
+# (docs/perf/2026-12-07-cpu-bwd-mods/run.sh sets it for them).
 SPARSE_BACKWARD = False
 
 # Whether `BlockMask.kernel_blocks` marks the tiles inside full blocks, whose mask_mod the
 # kernels then skip (as FlexAttention skips its full blocks'). The kernels read both forms;
 # compiled and checked on the CPU, off until the GPU tests and timing of
-# docs/perf/2026-12-06-mods-speed/run.sh.
+# docs/perf/2026-12-07-cpu-bwd-mods/run.sh (which sets it for them).
 WHOLE_TILES = False
 
 

@@ -35,7 +35,7 @@ def _floor_mod(a, b):
 # constant as a multiply. The exact ones cost a score_mod written as a softcap 2.6x the
 # built-in's time (docs/perf/2026-12-06-mods/). Compiled and checked on the CPU
 # (tests/test_compile_mods.py); off until its GPU tests and timing run
-# (docs/perf/2026-12-06-mods-speed/run.sh).
+# (docs/perf/2026-12-07-cpu-bwd-mods/run.sh sets it for them).
 FASTMATH = False
 _UNARY = {"neg": lambda a: -a, "abs": abs,
           "exp": lambda a: cute.math.exp(a, fastmath=FASTMATH),
