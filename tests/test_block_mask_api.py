@@ -320,9 +320,9 @@ def test_mods_take_the_128_row_wgmma_tile(launches, heads_q, pack):
 @pytest.mark.parametrize("block", [128, 64])
 def test_block_mask_backward_reads_the_kinds(launches, monkeypatch, block):
     """A block-sparse call autograd records: the forward walks the lists; the dense mma.sync
-    backward (`SPARSE_BACKWARD` off) visits every key block with the mask as a mask_mod over the blocks' kinds
-    (`exact_mask_mod`), the kinds its last score tensor, once (blocks of 64: the forward's
-    128-row tile reads them already)."""
+    backward (`SPARSE_BACKWARD` off) visits every key block with the mask as a mask_mod over
+    the blocks' kinds (`exact_mask_mod`), the kinds its last score tensor, once (blocks of
+    64: the forward's 128-row tile reads them already)."""
     from cute_fa.mods import block_mask
     from cute_fa.mods.block_mask import exact_mask_mod, from_torch
     from cute_fa.mods.trace import trace_mask_mod

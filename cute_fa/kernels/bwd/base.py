@@ -117,7 +117,8 @@ class FlashBwdBase:
                 score_tensors=None) -> tuple:
         """(`QueryBlocks`, query blocks per head, steps: those of every head it visits) of a
         CTA's work; under block_sparse the tiles the lists in score_tensors (after the
-        captures) give the heads visited (`QueryBlocks.lists`; per head: 0, unused)."""
+        captures) give the heads visited (`QueryBlocks.lists`; per head, the dense count, is
+        then unused: `_step_place` reads the lists)."""
         blocks = self._query_blocks(work.n_block, work.seqlen, work.causal_offset, window_left,
                                     window_right)
         per_head = cutlass.max(blocks.m_hi - blocks.m_lo, 0)

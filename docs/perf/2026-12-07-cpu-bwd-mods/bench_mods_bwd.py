@@ -23,18 +23,22 @@ from cute_fa.bench.common import time_each, warm_gpu
 
 OUT = sys.argv[1]
 HQ, HK, D = 16, 4, 128
-_spec = importlib.util.spec_from_file_location(
-    "bench_mods", Path(__file__).parents[1] / "2026-12-06-mods" / "bench_mods.py")
 
 
-def mods_cases(batch, s):
-    sys.argv, argv = [sys.argv[0], OUT], sys.argv  # bench_mods reads OUT at import
+def _bench_mods():
+    """../2026-12-06-mods/bench_mods.py as a module (it reads OUT from sys.argv at import)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_mods", Path(__file__).parents[1] / "2026-12-06-mods" / "bench_mods.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.argv, argv = [sys.argv[0], OUT], sys.argv
     try:
-        module = importlib.util.module_from_spec(_spec)
-        _spec.loader.exec_module(module)
+        spec.loader.exec_module(module)
     finally:
         sys.argv = argv
-    return module.cases(batch, s)
+    return module
+
+
+mods_cases = _bench_mods().cases  # (batch, seqlen) -> {name: (score_mod, mask_mod, builtin)}
 
 
 def wgmma_backward(fn):
