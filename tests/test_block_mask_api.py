@@ -383,6 +383,8 @@ def test_query_tiles_are_the_key_lists_turned_around(tile):
     q_counts, q_indices = bm.query_tiles(block_m, block_n, 2, 3)
     assert q_counts.shape == (2, 3, -(-900 // block_n))
     assert q_indices.shape == q_counts.shape + (-(-1000 // block_m),)
+    # the kernels take both lists' last dimension at stride 1 (a launch of a strided one fails)
+    assert q_indices.stride()[-1] == 1 and indices.stride()[-1] == 1
     kept = bm.dense()
     for b in range(2):
         for h in range(3):

@@ -1,7 +1,8 @@
 """The mod probe on a GPU: every mask and score mod of tests/test_mods_trace.py evaluated by its
 device code (`kernels/common/mods.py`) at random (b, h, q_idx, kv_idx, score) elements, against
 the float64 evaluation of the same graph (`cute_fa.mods.evaluate`): masks exactly, scores in
-float32 to 1e-5 relative (plus 1e-5 absolute for values near zero)."""
+float32 to 1e-5 relative (plus 1e-5 absolute for values near zero); with the kernels'
+`FASTMATH`, a graph with a tanh (tanh.approx.f32) to the approximation's error."""
 
 import pytest
 
@@ -23,6 +24,7 @@ def test_mod_probe_matches_the_reference(tracer, name, fn):
     from cuda.bindings import driver
     from cutlass.cute.runtime import from_dlpack
 
+    from cute_fa.kernels.common import mods as device_mods
     from cute_fa.kernels.mod_probe import ModProbe
 
     graph, captured = tracer(fn)
@@ -43,4 +45,10 @@ def test_mod_probe_matches_the_reference(tracer, name, fn):
     if graph.role == "mask_mod":
         assert torch.equal(got, expected.double())
     else:
-        assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
+        rtol = atol = 1e-5
+        if device_mods.FASTMATH and any(node.op == "tanh" for node in graph.nodes()):
+            # tanh.approx.f32: relative error about 2^-11 (PTX ISA), |tanh| <= 1; these graphs
+            # scale it at most by the softcap's constant (relative) or by the exp of it
+            # (e * 2^-11 < 2e-3 absolute). ex2.approx's 2^-22 stays within 1e-5.
+            rtol, atol = 1e-3, 2e-3
+        assert torch.allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True)

@@ -204,9 +204,11 @@ def _mask(mask_mod, batch, heads, seqlen_q, seqlen_k, device) -> torch.Tensor:
 
 def _ordered(blocks: torch.Tensor) -> tuple:
     """(counts, indices) of bool (..., key blocks): each row's marked blocks ascending, then
-    the others ascending (a stable sort on 'not marked')."""
-    order = torch.sort((~blocks).to(torch.int8), dim=-1, stable=True).indices
-    return blocks.sum(-1).to(torch.int32), order.to(torch.int32)
+    the others ascending (a stable sort on 'not marked'). Both dense, whatever the strides of
+    `blocks` (a transposed one for the query lists): the kernels take the lists' last
+    dimension at stride 1."""
+    order = torch.sort((~blocks).to(torch.int8).contiguous(), dim=-1, stable=True).indices
+    return blocks.sum(-1).to(torch.int32).contiguous(), order.to(torch.int32)
 
 
 def create_block_mask(mask_mod, batch: int | None, heads: int | None, seqlen_q: int,
