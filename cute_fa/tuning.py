@@ -252,24 +252,19 @@ def sm90_key(arch: str, dtype: str, head_dim: int, causal: bool, long: bool = Fa
                    **features)
 
 
-# head_dim class -> the wgmma kernel's tile for calls with a score_mod, a mask_mod or a block
-# mask. The plain tile at head_dim 64 (192 rows on three consumer warpgroups of 160 registers)
-# spills 412 bytes with ALiBi and a document mask, 600 causal (ptxas, sm_90a); 128 rows on two
-# warpgroups hold them (tests/test_compile_mods.py). Chosen by those counts, not yet timed.
-SM90_MOD_TILES = {64: (128, 128, 256)}
-
-
 def mods_tile(key, block_size: tuple = ()) -> TileConfig:
-    """The tile of `key` (a forward key) once the call has mods: SM90_MOD_TILES' for the wgmma
-    kernel; with a block mask of (query, key) block_size, the largest tile whose rows and keys
-    each lie inside one block (`BlockMask.aligned`: then the lists and the mask_mod keep
-    exactly what the mask says) with at most the tile's rows and keys, else the tile as it
-    is (`api.mods.exact_blocks` then reads the blocks' kinds per score)."""
+    """The tile of `key` (a forward key) once the call has mods: its own; with a block mask of
+    (query, key) block_size, the largest tile whose rows and keys each lie inside one block
+    (`BlockMask.aligned`: then the lists and the mask_mod keep exactly what the mask says) with
+    at most the tile's rows and keys, else the tile as it is (`api.mods.exact_blocks` then
+    reads the blocks' kinds per score).
+
+    A score_mod or mask_mod keeps the plain tile even where it spills: the wgmma kernel's 192
+    x 128 at head_dim 64 (412-600 bytes with mods, ptxas sm_90a) ran 1.03x-1.21x the speed of
+    the spill-free 128 x 128 with a causal mask_mod, ALiBi and a softcap score_mod (H100, S 4k
+    and 16k, docs/perf/2026-12-07-h100-bwd-mods/). Blocks of 128 take 128 x 128 there: 1.33x-
+    1.51x the 192-row tile, which straddles them (a document mask, same run)."""
     cfg = key.tile
-    cls = head_dim_class(cfg.head_dim)
-    if key.backend == "sm90" and cls in SM90_MOD_TILES:
-        block_m, block_n, threads = SM90_MOD_TILES[cls]
-        cfg = dataclasses.replace(cfg, block_m=block_m, block_n=block_n, num_threads=threads)
     if not block_size or (block_size[0] % cfg.block_m == 0 and block_size[1] % cfg.block_n == 0):
         return cfg
     rows = (128,) if key.backend == "sm90" else (cfg.block_m, 128, 64)
@@ -390,7 +385,8 @@ FEATURE_SPILL_BUDGET = 48
 # tests/test_compile_mods.py: up to 124 for most (the wgmma kernel's head_dim 64 tile the
 # most), 260 / 280 for a bias table gathered per score (relative_bias) in the TMA kernel's
 # sm_90a head_dim 128 tile, whose 255 registers were already taken; sm_120a's TMA tiles are
-# spill-free. Not yet timed against tiles chosen for mods.
+# spill-free. The wgmma kernel's head_dim-64 tile spills 412-600 with mods and is still the
+# faster one there (`mods_tile`); the tests hold the head_dim-128 kernels to this budget.
 MOD_SPILL_BUDGET = 288
 # The same for a block mask whose blocks no tile of the kernel fits (`api.mods.exact_blocks`:
 # the blocks' kinds loaded per score beside the mask_mod): 424 bytes with a document mask on

@@ -304,17 +304,23 @@ def test_torch_block_mask_without_a_mask_mod(launches):
     assert key.block_sparse and key.mask_mod is None
 
 
-@pytest.mark.parametrize("heads_q, pack", [(4, 2), (6, 1)])
-def test_mods_take_the_128_row_wgmma_tile(launches, heads_q, pack):
-    """head_dim 64 with a mask_mod on the wgmma kernel: 128 rows (the plain calls' 192 spill
-    with mods), packing a GQA group of 2 (a group of 3 divides 192 rows, not 128: unpacked)."""
+@pytest.mark.parametrize("heads_q", [4, 6])
+def test_mods_keep_the_plain_wgmma_tile(launches, heads_q):
+    """head_dim 64 with a mask_mod on the wgmma kernel: the plain call's 192 x 128 tile and GQA
+    packing (the faster one though it spills with mods, `tuning.mods_tile`); with a block mask
+    of 128 x 128 blocks, 128 x 128, inside them."""
+    from cute_fa.mods.block_mask import create_block_mask
+
     recorded, _ = launches
     q, k, v = qkv(b=1, hq=heads_q, hk=2, d=64)
-    cute_fa.forward(q, k, v, mask_mod=lambda b, h, qi, kv: qi >= kv)
+    causal = lambda b, h, qi, kv: qi >= kv  # noqa: E731
+    cute_fa.forward(q, k, v, mask_mod=causal)
     cute_fa.forward(q, k, v)
-    (key, _), (plain, _) = recorded
-    assert (key.tile.block_m, key.tile.block_n) == (128, 128) and key.backend == "sm90"
-    assert key.pack_gqa == pack and plain.tile.block_m == 192
+    cute_fa.forward(q, k, v, block_mask=create_block_mask(causal, 1, None, 1000, 1000))
+    (key, _), (plain, _), (blocked, _) = recorded
+    assert key.backend == plain.backend == "sm90" and plain.tile.block_m == 192
+    assert key.tile == plain.tile and key.pack_gqa == plain.pack_gqa
+    assert (blocked.tile.block_m, blocked.tile.block_n) == (128, 128)
 
 
 @pytest.mark.parametrize("block", [128, 64])
@@ -323,12 +329,14 @@ def test_block_mask_backward_reads_the_kinds(launches, monkeypatch, block):
     backward (`SPARSE_BACKWARD` off) visits every key block with the mask as a mask_mod over
     the blocks' kinds (`exact_mask_mod`), the kinds its last score tensor, once (blocks of
     64: the forward's 128-row tile reads them already)."""
+    from cute_fa import tuning_bwd
     from cute_fa.mods import block_mask
     from cute_fa.mods.block_mask import exact_mask_mod, from_torch
     from cute_fa.mods.trace import trace_mask_mod
 
     monkeypatch.setattr(block_mask, "WHOLE_TILES", True)
     monkeypatch.setattr(block_mask, "SPARSE_BACKWARD", False)
+    monkeypatch.setattr(tuning_bwd, "SM90_MODS", False)
     recorded, _ = launches
     torch_mask, _ = hand_built(block=block, heads=4)
     q, k, v = (t.requires_grad_() for t in qkv(b=1, d=128))
@@ -404,10 +412,12 @@ def test_sparse_backward_walks_the_query_lists(launches, monkeypatch, determinis
     """With `block_mask.SPARSE_BACKWARD`, the mma.sync backward of a block mask is
     block-sparse, its score tensors the kinds, then the query tile lists at its own tile;
     deterministic (whose turns count every query block) visits every query block."""
+    from cute_fa import tuning_bwd
     from cute_fa.mods import block_mask
 
     monkeypatch.setattr(block_mask, "SPARSE_BACKWARD", True)
     monkeypatch.setattr(block_mask, "WHOLE_TILES", True)
+    monkeypatch.setattr(tuning_bwd, "SM90_MODS", False)
     recorded, _ = launches
     torch_mask, _ = hand_built(heads=4)
     q, k, v = (t.requires_grad_() for t in qkv(b=1, d=128))

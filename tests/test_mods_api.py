@@ -141,19 +141,24 @@ def test_refusals_before_any_launch(launches):
 
 
 @pytest.mark.parametrize("backend", ["auto", "sm80", "tma", "sm90"])
-def test_mods_train_through_the_mma_sync_backward(launches, backend):
-    """A call with mods that autograd records: its backward's main kernel is the mma.sync one
-    (the wgmma backward runs no mods), with the mods in its key and the captured tensors as
+@pytest.mark.parametrize("sm90_mods", [True, False])
+def test_mods_train_through_the_planned_backward(launches, monkeypatch, backend, sm90_mods):
+    """A call with mods that autograd records, whatever its forward's backend: its backward's
+    main kernel is the wgmma one (`tuning_bwd.SM90_MODS`, on an sm90 GPU as here) or else the
+    mma.sync one, the other not launched, with the mods in its key and the captured tensors as
     its score_tensors."""
+    from cute_fa import tuning_bwd
+
+    monkeypatch.setattr(tuning_bwd, "SM90_MODS", sm90_mods)
     recorded, _ = launches
     q, k, v = (t.requires_grad_() for t in qkv())
     o = cute_fa.forward(q, k, v, score_mod=alibi, mask_mod=document, backend=backend)
     o.backward(torch.ones_like(o))
-    backward = [(key, args) for key, args in recorded if key.backend == "bwd_sm80"]
-    (key, args), = backward
+    planned, other = ("bwd_sm90", "bwd_sm80") if sm90_mods else ("bwd_sm80", "bwd_sm90")
+    (key, args), = [(key, args) for key, args in recorded if key.backend == planned]
     assert key.score_mod is not None and key.mask_mod is not None
     assert named_arguments(key, args)["score_tensors"] == (SLOPES, DOCS)
-    assert not any(key.backend == "bwd_sm90" for key, _ in recorded)
+    assert not any(key.backend == other for key, _ in recorded)
 
 
 @pytest.mark.parametrize("frozen_qkv", [False, True])
@@ -179,7 +184,7 @@ def test_captured_tensors_get_gradients(launches, frozen_qkv):
                         mask_mod=lambda b, h, qi, kv: (qi - kv) < cutoff)
     assert o.requires_grad
     o.sum().backward()
-    (key, args), = [(key, args) for key, args in recorded if key.backend == "bwd_sm80"]
+    (key, args), = [(key, args) for key, args in recorded if key.backend.startswith("bwd_sm")]
     assert key.capture_grads == (0, 1)
     tensors = named_arguments(key, args)["score_tensors"]
     assert len(tensors) == 6 and tensors[0].shape == (1,) and tensors[0].item() == 0.5
@@ -312,6 +317,6 @@ def test_mods_run_eagerly_under_torch_compile(launches):
     assert [(key.score_mod is not None, key.block_sparse, key.varlen_q, key.sinks)
             for key in forward] == [(True, False, False, False), (False, True, False, False),
                                     (False, False, True, True)]
-    backward = [key for key in keys if key.backend == "bwd_sm80"]
+    backward = [key for key in keys if key.backend.startswith("bwd_sm")]
     assert any(key.score_mod is not None and key.mask_mod is not None for key in backward)
     assert q.grad is not None

@@ -33,10 +33,10 @@ def _floor_mod(a, b):
 # FASTMATH: exp and tanh as the hardware's approximations (ex2.approx, tanh.approx.f32:
 # relative errors of about 2^-22 and 2^-11; the built-in softcap's tanh) and a division by a
 # constant as a multiply. The exact ones cost a score_mod written as a softcap 2.6x the
-# built-in's time (docs/perf/2026-12-06-mods/). Compiled and checked on the CPU
-# (tests/test_compile_mods.py); off until its GPU tests and timing run
-# (docs/perf/2026-12-07-cpu-bwd-mods/run.sh sets it for them).
-FASTMATH = False
+# built-in's time (docs/perf/2026-12-06-mods/); these, 1.02x-1.03x (H100, S 4k and 16k,
+# docs/perf/2026-12-07-h100-bwd-mods/), the mods' GPU tests passing against float64 and
+# FlexAttention. Part of the compiled code, not of the kernel key: change it in source only.
+FASTMATH = True
 _UNARY = {"neg": lambda a: -a, "abs": abs,
           "exp": lambda a: cute.math.exp(a, fastmath=FASTMATH),
           "tanh": lambda a: cute.math.tanh(a, fastmath=FASTMATH),

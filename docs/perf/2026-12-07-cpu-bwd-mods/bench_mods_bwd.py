@@ -15,6 +15,11 @@ from pathlib import Path
 
 import torch
 import torch._dynamo
+import torch._functorch.config
+
+# FlexAttention's compiled backward is timed again and again on one forward's graph, which
+# donated buffers forbid
+torch._functorch.config.donated_buffer = False
 
 import cute_fa
 from cute_fa import tuning_bwd
@@ -26,10 +31,11 @@ HQ, HK, D = 16, 4, 128
 
 
 def _bench_mods():
-    """../2026-12-06-mods/bench_mods.py as a module (it reads OUT from sys.argv at import)."""
+    """../2026-12-06-mods/bench_mods.py as a module (it reads OUT from sys.argv at import),
+    registered in sys.modules: torch.compile looks its score_mods' module up there."""
     spec = importlib.util.spec_from_file_location(
         "bench_mods", Path(__file__).parents[1] / "2026-12-06-mods" / "bench_mods.py")
-    module = importlib.util.module_from_spec(spec)
+    module = sys.modules["bench_mods"] = importlib.util.module_from_spec(spec)
     sys.argv, argv = [sys.argv[0], OUT], sys.argv
     try:
         spec.loader.exec_module(module)
