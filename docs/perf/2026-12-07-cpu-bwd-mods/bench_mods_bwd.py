@@ -3,10 +3,11 @@ flex_attention, its default Triton kernels, block masks from create_block_mask) 
 built-in feature a mod equals, bf16, side by side in one process on the same inputs, timed by
 cute_fa.bench.common.time_each (host launch hidden for every method alike). Two timings per
 method: the backward alone (autograd.grad of a kept forward's output) and forward + backward.
-cute_fa twice: its backward as `auto` plans it (the mma.sync kernel runs mods) and on the wgmma
-kernel (`tuning_bwd.SM90_MODS`). Shapes as ../2026-12-06-mods/bench_mods.py: 16k tokens per call (batch 16384 // S), 16 query
-heads, 4 K/V heads, head_dim 128. The mods are that script's (`cases`); masks run with their
-block mask. dq/dk/dv of cute_fa are compared with FlexAttention's (max |diff|).
+cute_fa twice: its backward on the mma.sync kernel and on the wgmma kernel
+(`tuning_bwd.SM90_MODS` off and on). Shapes as ../2026-12-06-mods/bench_mods.py: 16k tokens
+per call (batch 16384 // S), 16 query heads, 4 K/V heads, head_dim 128. The mods are that
+script's (`cases`); masks run with their block mask. dq/dk/dv of cute_fa are compared with
+FlexAttention's (max |diff|).
 Usage: bench_mods_bwd.py OUT_DIR [SEQLENS, e.g. 4096,16384]"""
 import importlib.util
 import json
@@ -47,15 +48,15 @@ def _bench_mods():
 mods_cases = _bench_mods().cases  # (batch, seqlen) -> {name: (score_mod, mask_mod, builtin)}
 
 
-def wgmma_backward(fn):
-    """fn with the mods' backward on the wgmma kernel (`tuning_bwd.SM90_MODS`), not the
-    mma.sync one."""
+def mods_backward(fn, sm90: bool):
+    """fn with the mods' backward on the wgmma kernel (sm90) or the mma.sync one
+    (`tuning_bwd.SM90_MODS` set for its call)."""
     def call():
-        tuning_bwd.SM90_MODS = True
+        saved, tuning_bwd.SM90_MODS = tuning_bwd.SM90_MODS, sm90
         try:
             return fn()
         finally:
-            tuning_bwd.SM90_MODS = False
+            tuning_bwd.SM90_MODS = saved
     return call
 
 
@@ -76,15 +77,20 @@ def main():
         dout = torch.randn_like(q)
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         lt = [t.transpose(1, 2) for t in leaves]
+
+        def cute_pair(score_mod, bm, sm90: bool) -> tuple:
+            """autograd_pair of cute_fa's call, its forward and both timings run with the
+            mods' backward on the wgmma kernel (sm90) or the mma.sync one."""
+            pair = mods_backward(lambda: autograd_pair(torch, lambda: cute_fa.forward(
+                *leaves, score_mod=score_mod, block_mask=bm), leaves, dout), sm90)()
+            return tuple(mods_backward(f, sm90) for f in pair)
+
         for name, (score_mod, mask_mod, builtin) in mods_cases(batch, s).items():
             bm = None if mask_mod is None else create_block_mask(mask_mod, batch, HQ, s, s,
                                                                  device="cuda")
             pairs = {
-                "cute_fa": autograd_pair(torch, lambda: cute_fa.forward(
-                    *leaves, score_mod=score_mod, block_mask=bm), leaves, dout),
-                "cute_fa_wgmma": tuple(map(wgmma_backward, autograd_pair(
-                    torch, lambda: cute_fa.forward(*leaves, score_mod=score_mod, block_mask=bm),
-                    leaves, dout))),
+                "cute_fa": cute_pair(score_mod, bm, False),
+                "cute_fa_wgmma": cute_pair(score_mod, bm, True),
                 "flex": autograd_pair(torch, lambda: flex(
                     *lt, score_mod=score_mod, block_mask=bm, enable_gqa=True).transpose(1, 2),
                     leaves, dout)}
