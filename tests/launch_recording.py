@@ -48,3 +48,14 @@ def kernels_asked(launches, monkeypatch):
     monkeypatch.setattr(precompile, "get_kernel", lambda key: keys.append(key) or key)
     monkeypatch.setattr(precompile, "wait_for_saves", lambda: None)
     return keys
+
+
+@pytest.fixture
+def cpu_ops():
+    """The in-graph mods' custom ops (`api.graph_mods`) with their bodies as CPU kernels too
+    (for the rest of the process: no test expects them to refuse the CPU), so that a compiled
+    graph runs them here, the launch stood in by `launches`."""
+    from cute_fa.api import graph_mods
+
+    for op in (graph_mods.fwd_mods, graph_mods.bwd_mods):
+        op.register_kernel("cpu")(op._init_fn)

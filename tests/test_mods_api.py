@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cute_fa  # noqa: E402
-from launch_recording import launches  # noqa: E402,F401  (a fixture)
+from launch_recording import cpu_ops, launches  # noqa: E402,F401  (fixtures)
 from launch_recording import named_arguments  # noqa: E402
 
 from cute_fa.compile.registry import used_arguments  # noqa: E402
@@ -291,10 +291,11 @@ def test_sinks_refusals(launches):
     assert len(recorded) == 1
 
 
-def test_mods_run_eagerly_under_torch_compile(launches):
-    """Under torch.compile (dynamo, the eager backend here) a call with mods, sinks or a block
-    mask runs eagerly behind a graph break: forward, sdpa and forward_varlen launch the same
-    keys as eager calls, and autograd runs the mma.sync backward with the mods."""
+def test_mods_under_torch_compile(launches, cpu_ops):
+    """Under torch.compile (dynamo, the eager backend here) forward with mods and
+    forward_varlen with sinks go through the in-graph ops (`api.graph_mods`), sdpa with a
+    block mask runs eagerly behind a graph break: each launches the keys of the eager call,
+    and autograd runs the backward with the mods."""
     from cute_fa.mods.block_mask import create_block_mask
 
     recorded, _ = launches

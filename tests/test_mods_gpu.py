@@ -531,9 +531,10 @@ def test_block_mask_gradients(backend, block, sparse, monkeypatch, mods_backward
 
 
 def test_mods_under_torch_compile():
-    """torch.compile (inductor) around a call with a score_mod and a mask_mod, and its
-    backward: the call runs eagerly behind a graph break, its gradients bitwise those of the
-    eager call (the loss's sum may be ordered otherwise by inductor)."""
+    """torch.compile (inductor, fullgraph=True) around a call with a score_mod and a mask_mod
+    made outside it, and its backward: the call is the graph's `cute_fa::fwd_mods` op
+    (`api.graph_mods`), its gradients bitwise those of the eager call (the loss's sum may be
+    ordered otherwise by inductor)."""
     b, s, hq, hk, d = 2, 300, 4, 2, 64
     gen = torch.Generator(device="cuda").manual_seed(53)
     q = _rand(b, s, hq, d, dtype=torch.bfloat16, gen=gen)
@@ -544,7 +545,8 @@ def test_mods_under_torch_compile():
         return (cute_fa.forward(q * 2, k, v, score_mod=score_mod, mask_mod=mask_mod) + 1).sum()
 
     grads = []
-    for fn in (step, torch.compile(step)):
+    torch._dynamo.reset()
+    for fn in (step, torch.compile(step, fullgraph=True)):
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         loss = fn(*leaves)
         loss.backward()

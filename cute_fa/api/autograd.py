@@ -14,15 +14,22 @@ from ..runtime.plan import plan
 from ..runtime.run import kernel_ready, run_backward, run_forward, score_tensors
 
 
-def _backward(ctx, dout, cu_seqlens_q=None, cu_seqlens_k=None, score_tensors=None,
-              capture_grads: tuple = (), grads: tuple = (), blocks=None) -> tuple:
-    """(dq, dk, dv) of a recorded call, whose q, k, v, o, lse the context saved first;
-    score_tensors: the tensors its mods read (`runtime.run.score_tensors`); grads: the float32
-    gradients of its score_mod's captures in the slots capture_grads, which the kernel adds
-    to; blocks: a block mask's `BlockBackward` (its score features, and where they are
-    block-sparse the query tile lists at the planned tile, between the two)."""
-    q, k, v, o, lse = ctx.saved_tensors[:5]
-    call = backward_of(ctx.call, ctx.deterministic)._replace(capture_grads=capture_grads)
+def _backward(ctx, dout, cu_seqlens_q=None, cu_seqlens_k=None) -> tuple:
+    """(dq, dk, dv) of a call recorded without mods, whose q, k, v, o, lse the context saved
+    first."""
+    return backward_call(ctx.call, ctx.deterministic, dout, *ctx.saved_tensors[:5],
+                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+
+
+def backward_call(call: AttentionCall, deterministic: bool, dout, q, k, v, o, lse,
+                  cu_seqlens_q=None, cu_seqlens_k=None, score_tensors=None,
+                  capture_grads: tuple = (), grads: tuple = (), blocks=None) -> tuple:
+    """(dq, dk, dv) of the forward call `call` and its q, k, v, o, lse; score_tensors: the
+    tensors its mods read (`runtime.run.score_tensors`); grads: the float32 gradients of its
+    score_mod's captures in the slots capture_grads, which the kernel adds to; blocks: a block
+    mask's `BlockBackward` (its score features, and where they are block-sparse the query tile
+    lists at the planned tile, between the two)."""
+    call = backward_of(call, deterministic)._replace(capture_grads=capture_grads)
     if blocks is not None:
         call = call._replace(features=blocks.features)
     planned = plan(call, device(call.device_index))
@@ -121,30 +128,43 @@ class _ScoredAttention(torch.autograd.Function):
         nothing = (None,) * len(ctx.saved_tensors)  # one per input of forward
         if dout is None:
             return nothing
-        _, _, _, o, lse, sinks, cu_q, cu_k = ctx.saved_tensors[:8]
+        q, k, v, o, lse, sinks, cu_q, cu_k = ctx.saved_tensors[:8]
         captures = ctx.saved_tensors[8:]
         score_mod = ctx.call.features.score_mod
         slots = tuple(i for i in range(len(score_mod.captures) if score_mod is not None else 0)
                       if ctx.needs_input_grad[9 + i] and captures[i].is_floating_point())
-        grads = tuple(torch.zeros(captures[i].shape or (1,), device=dout.device,
-                                  dtype=torch.float32) for i in slots)
-        blocks = ctx.blocks
-        read = captures + (blocks.extra if blocks is not None else ())
-        dq, dk, dv = _backward(ctx, dout, cu_q, cu_k, score_tensors(read), slots, grads, blocks)
-        dcaptures = [None] * len(captures)
-        for i, grad in zip(slots, grads):
-            dcaptures[i] = grad.reshape(captures[i].shape).to(captures[i].dtype)
-        dsinks = None
-        if sinks is not None:
-            d = (dout.float() * o.float()).sum(-1)  # (batch, seqlen, heads) or (total, heads)
-            if ctx.call.layout == RAGGED:  # lse (heads, total)
-                p_sink = torch.exp(sinks.float()[:, None] - lse)
-                dsinks = -(p_sink * d.transpose(0, 1)).sum(1)
-            else:  # lse (batch, heads, seqlen)
-                p_sink = torch.exp(sinks.float()[None, :, None] - lse)
-                dsinks = -(p_sink * d.transpose(1, 2)).sum((0, 2))
-            dsinks = dsinks.to(sinks.dtype)
+        dq, dk, dv, dsinks, dcaptures = scored_backward(
+            ctx.call, ctx.deterministic, dout, q, k, v, o, lse, sinks, cu_q, cu_k, captures,
+            slots, ctx.blocks)
         return (None, None, None, dq, dk, dv, dsinks, None, None) + tuple(dcaptures)
+
+
+def scored_backward(call: AttentionCall, deterministic: bool, dout, q, k, v, o, lse, sinks,
+                    cu_seqlens_q, cu_seqlens_k, captures: tuple, slots: tuple,
+                    blocks: BlockBackward | None = None) -> tuple:
+    """(dq, dk, dv, dsinks, dcaptures) of a forward call with mods or sinks
+    (`_ScoredAttention`; the custom op `cute_fa::bwd_mods`): dsinks None without sinks,
+    dcaptures one per captured tensor, the gradient of those in `slots` (float tensors the
+    score_mod reads), None for the others."""
+    grads = tuple(torch.zeros(captures[i].shape or (1,), device=dout.device,
+                              dtype=torch.float32) for i in slots)
+    read = tuple(captures) + (blocks.extra if blocks is not None else ())
+    dq, dk, dv = backward_call(call, deterministic, dout, q, k, v, o, lse, cu_seqlens_q,
+                          cu_seqlens_k, score_tensors(read), slots, grads, blocks)
+    dcaptures = [None] * len(captures)
+    for i, grad in zip(slots, grads):
+        dcaptures[i] = grad.reshape(captures[i].shape).to(captures[i].dtype)
+    dsinks = None
+    if sinks is not None:
+        d = (dout.float() * o.float()).sum(-1)  # (batch, seqlen, heads) or (total, heads)
+        if call.layout == RAGGED:  # lse (heads, total)
+            p_sink = torch.exp(sinks.float()[:, None] - lse)
+            dsinks = -(p_sink * d.transpose(0, 1)).sum(1)
+        else:  # lse (batch, heads, seqlen)
+            p_sink = torch.exp(sinks.float()[None, :, None] - lse)
+            dsinks = -(p_sink * d.transpose(1, 2)).sum((0, 2))
+        dsinks = dsinks.to(sinks.dtype)
+    return dq, dk, dv, dsinks, dcaptures
 
 
 def attention(call: AttentionCall, deterministic: bool, q, k, v, cu_seqlens_q=None,

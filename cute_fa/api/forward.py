@@ -18,7 +18,7 @@ from ..runtime.call import DENSE, NO_WINDOW, RAGGED, AttentionCall
 from ..runtime.device import device
 from ..runtime.plan import plan
 from ..runtime.run import run_forward, run_merge, score_tensors
-from . import autograd, ops
+from . import autograd, graph_mods, ops
 from .mods import (NONE, TracedMods, block_backward, exact_blocks, needs_grad,
                    refuse_under_compile, refuse_without_backward, trace_mods, with_mods)
 from .checks import (SDPA_NAMES, as_bool, as_deterministic, check_forward, check_merge,
@@ -47,8 +47,9 @@ def _refuse_without_backward(call: AttentionCall, out) -> None:
 
 def _mods_under_compile(score_mod, mask_mod, sinks, block_mask) -> bool:
     """Whether a call with mods, sinks or a block mask is being traced by torch.compile: it
-    then runs eagerly, behind a graph break (`_eager`), as its Python functions are traced
-    into the kernel at the call and its captured tensors read there."""
+    then goes into the graph as `graph_mods`' op where it can (mods and sinks of a call
+    without a block mask or a KV cache, the functions made outside the compiled region, their
+    tensors within reach), else runs eagerly, behind a graph break (`_eager`)."""
     return (score_mod is not None or mask_mod is not None or sinks is not None
             or block_mask is not None) and torch.compiler.is_compiling()
 
@@ -204,8 +205,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     and score_mod's derivative, `cute_fa.mods.grad`) and in the float tensors the score_mod
     captures (a bias table, slopes: their gradients are summed by the backward kernel; a
     tensor the mask_mod captures gets none, a mask being piecewise constant). Not with
-    softcap (write it into the score_mod). Under torch.compile a call with mods, sinks or a
-    block mask runs eagerly behind a graph break (fullgraph=True refuses that).
+    softcap (write it into the score_mod). Under torch.compile a call with mods or sinks is
+    the custom op `cute_fa::fwd_mods` (`cute_fa.api.graph_mods`), no graph break, where the
+    functions were made outside the compiled region and each tensor they read is a global,
+    in their closure or a default, or an attribute of one; otherwise, with a block mask or a
+    KV cache, it runs eagerly behind a graph break (fullgraph=True refuses that).
     sinks: float (heads_q,), one logit per query head (gpt-oss's attention sinks, HF's
     s_aux): each row's softmax has one more term, exp(sinks[h]), of a key with value 0, so
     the weights of the real keys sum to less than one; lse includes it. Differentiable: where
@@ -238,6 +242,15 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     mods = NONE
     if call is None:
         if _mods_under_compile(score_mod, mask_mod, sinks, block_mask):
+            if block_mask is None and out is None and seqused_k is None \
+                    and page_table is None and num_splits is None:
+                check_forward(DENSE, q, k, v, softmax_scale=softmax_scale, causal=causal,
+                              backend=backend, window_size=window_size, softcap=softcap)
+                got = graph_mods.attend(q, k, v, score_mod, mask_mod, sinks, causal,
+                                        softmax_scale, window_size, softcap, True, backend,
+                                        deterministic)
+                if got is not None:
+                    return got if return_lse else got[0]
             return _eager(forward)(q, k, v, causal, softmax_scale, return_lse, out, backend,
                                    window_size=window_size, softcap=softcap,
                                    seqused_k=seqused_k, page_table=page_table,
@@ -265,6 +278,14 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = Fa
     Top-left causal, as torch does; same kernel as `forward`, reached through strides, and
     differentiable as `forward` is. score_mod, mask_mod, sinks, block_mask: `forward`'s.
     """
+    if _mods_under_compile(score_mod, mask_mod, sinks, block_mask) and block_mask is None:
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        check_forward(DENSE, qt, kt, vt, softmax_scale=scale, causal=is_causal,
+                      backend=backend, bottom_right=False, names=SDPA_NAMES)
+        got = graph_mods.attend(qt, kt, vt, score_mod, mask_mod, sinks, is_causal, scale,
+                                NO_WINDOW, 0.0, False, backend, deterministic)
+        if got is not None:
+            return got[0].transpose(1, 2)
     if _mods_under_compile(score_mod, mask_mod, sinks, block_mask):
         return _eager(sdpa)(q, k, v, is_causal, scale, backend, deterministic=deterministic,
                             score_mod=score_mod, mask_mod=mask_mod, sinks=sinks,
@@ -356,6 +377,17 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     score_mod, mask_mod: `forward`'s, b being the sequence and q_idx, kv_idx positions in it;
     sinks: `forward`'s.
     """
+    if _mods_under_compile(score_mod, mask_mod, sinks, None) and out is None \
+            and seqused_k is None and page_table is None:
+        check_forward(RAGGED, q, k, v, softmax_scale=softmax_scale, causal=causal,
+                      backend=backend, window_size=window_size, softcap=softcap,
+                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+        got = graph_mods.attend(q, k, v, score_mod, mask_mod, sinks, causal, softmax_scale,
+                                window_size, softcap, True, backend, deterministic,
+                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        if got is not None:
+            return got if return_lse else got[0]
     if _mods_under_compile(score_mod, mask_mod, sinks, None):
         return _eager(forward_varlen)(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,

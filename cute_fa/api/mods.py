@@ -58,10 +58,18 @@ def trace_mods(score_mod: Callable | None, mask_mod: Callable | None, q: torch.T
             raise TypeError(f"{name} must be a function {_SIGNATURES[name]} or None, "
                             f"got {type(fn).__name__}")
         traced.append(tracer(fn) if fn is not None else (None, ()))
-    if score_mod is not None and softcap:
+    return checked_mods(*traced, q, softcap, sinks, heads_q)
+
+
+def checked_mods(score: tuple, mask: tuple, q: torch.Tensor, softcap: float,
+                 sinks: torch.Tensor | None, heads_q: int) -> TracedMods:
+    """The mods of traced (graph, captured tensors) pairs ((None, ()) where not given),
+    checked against the call: not a softcap next to a score_mod, the tensors on q's device,
+    the sinks `_sinks`'."""
+    if score[0] is not None and softcap:
         raise ValueError("softcap and score_mod together: write the softcap into the score_mod "
                          "(softcap * torch.tanh(score / softcap)) or give one of them")
-    (score_graph, score_captures), (mask_graph, mask_captures) = traced
+    (score_graph, score_captures), (mask_graph, mask_captures) = score, mask
     for name, tensors in (("score_mod", score_captures), ("mask_mod", mask_captures)):
         for t in tensors:
             if t.device != q.device:
@@ -193,8 +201,7 @@ def refuse_without_backward(mods: TracedMods) -> None:
 def refuse_under_compile(mods: TracedMods) -> None:
     """Mods met on fake tensors outside torch.compile (make_fx, export's tracing): their
     Python functions and captured tensors are read at the call, which a graph cannot hold
-    (under torch.compile the call runs eagerly behind a graph break instead)."""
+    (torch.compile takes them: `api.graph_mods`)."""
     if mods:
         raise ValueError("score_mod, mask_mod, sinks and block_mask cannot be traced into a "
-                         "graph (make_fx, torch.export); under torch.compile they run eagerly, "
-                         "behind a graph break")
+                         "graph by make_fx or torch.export; torch.compile takes them")
