@@ -130,13 +130,18 @@ class _ScoredAttention(torch.autograd.Function):
             return nothing
         q, k, v, o, lse, sinks, cu_q, cu_k = ctx.saved_tensors[:8]
         captures = ctx.saved_tensors[8:]
-        score_mod = ctx.call.features.score_mod
-        slots = tuple(i for i in range(len(score_mod.captures) if score_mod is not None else 0)
-                      if ctx.needs_input_grad[9 + i] and captures[i].is_floating_point())
+        slots = capture_slots(ctx.call.features.score_mod, captures, ctx.needs_input_grad[9:])
         dq, dk, dv, dsinks, dcaptures = scored_backward(
             ctx.call, ctx.deterministic, dout, q, k, v, o, lse, sinks, cu_q, cu_k, captures,
             slots, ctx.blocks)
         return (None, None, None, dq, dk, dv, dsinks, None, None) + tuple(dcaptures)
+
+
+def capture_slots(score_mod, captures, needs_grad) -> tuple:
+    """The slots of the captures that get a gradient: the float tensors the score_mod reads
+    (the first of `captures`; a mask_mod's get none) whose entry of needs_grad is true."""
+    count = len(score_mod.captures) if score_mod is not None else 0
+    return tuple(i for i in range(count) if needs_grad[i] and captures[i].is_floating_point())
 
 
 def scored_backward(call: AttentionCall, deterministic: bool, dout, q, k, v, o, lse, sinks,
@@ -150,7 +155,7 @@ def scored_backward(call: AttentionCall, deterministic: bool, dout, q, k, v, o, 
                               dtype=torch.float32) for i in slots)
     read = tuple(captures) + (blocks.extra if blocks is not None else ())
     dq, dk, dv = backward_call(call, deterministic, dout, q, k, v, o, lse, cu_seqlens_q,
-                          cu_seqlens_k, score_tensors(read), slots, grads, blocks)
+                               cu_seqlens_k, score_tensors(read), slots, grads, blocks)
     dcaptures = [None] * len(captures)
     for i, grad in zip(slots, grads):
         dcaptures[i] = grad.reshape(captures[i].shape).to(captures[i].dtype)

@@ -278,15 +278,15 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = Fa
     Top-left causal, as torch does; same kernel as `forward`, reached through strides, and
     differentiable as `forward` is. score_mod, mask_mod, sinks, block_mask: `forward`'s.
     """
-    if _mods_under_compile(score_mod, mask_mod, sinks, block_mask) and block_mask is None:
-        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        check_forward(DENSE, qt, kt, vt, softmax_scale=scale, causal=is_causal,
-                      backend=backend, bottom_right=False, names=SDPA_NAMES)
-        got = graph_mods.attend(qt, kt, vt, score_mod, mask_mod, sinks, is_causal, scale,
-                                NO_WINDOW, 0.0, False, backend, deterministic)
-        if got is not None:
-            return got[0].transpose(1, 2)
     if _mods_under_compile(score_mod, mask_mod, sinks, block_mask):
+        if block_mask is None:
+            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            check_forward(DENSE, qt, kt, vt, softmax_scale=scale, causal=is_causal,
+                          backend=backend, bottom_right=False, names=SDPA_NAMES)
+            got = graph_mods.attend(qt, kt, vt, score_mod, mask_mod, sinks, is_causal, scale,
+                                    NO_WINDOW, 0.0, False, backend, deterministic)
+            if got is not None:
+                return got[0].transpose(1, 2)
         return _eager(sdpa)(q, k, v, is_causal, scale, backend, deterministic=deterministic,
                             score_mod=score_mod, mask_mod=mask_mod, sinks=sinks,
                             block_mask=block_mask)
@@ -377,18 +377,18 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     score_mod, mask_mod: `forward`'s, b being the sequence and q_idx, kv_idx positions in it;
     sinks: `forward`'s.
     """
-    if _mods_under_compile(score_mod, mask_mod, sinks, None) and out is None \
-            and seqused_k is None and page_table is None:
-        check_forward(RAGGED, q, k, v, softmax_scale=softmax_scale, causal=causal,
-                      backend=backend, window_size=window_size, softcap=softcap,
-                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-        got = graph_mods.attend(q, k, v, score_mod, mask_mod, sinks, causal, softmax_scale,
-                                window_size, softcap, True, backend, deterministic,
-                                cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        if got is not None:
-            return got if return_lse else got[0]
     if _mods_under_compile(score_mod, mask_mod, sinks, None):
+        if out is None and seqused_k is None and page_table is None:
+            check_forward(RAGGED, q, k, v, softmax_scale=softmax_scale, causal=causal,
+                          backend=backend, window_size=window_size, softcap=softcap,
+                          cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+            got = graph_mods.attend(q, k, v, score_mod, mask_mod, sinks, causal,
+                                    softmax_scale, window_size, softcap, True, backend,
+                                    deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k)
+            if got is not None:
+                return got if return_lse else got[0]
         return _eager(forward_varlen)(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
             softmax_scale, window_size, softcap, return_lse, out, backend, seqused_k=seqused_k,

@@ -29,7 +29,7 @@ from ..runtime.call import DENSE, RAGGED
 from ..runtime.device import device
 from ..runtime.plan import plan
 from ..runtime.run import kernel_ready, run_forward, score_tensors
-from .autograd import scored_backward
+from .autograd import capture_slots, scored_backward
 from .checks import as_deterministic, check_forward, window_ints
 from .mods import TracedMods, checked_mods, refuse_without_backward, with_mods
 
@@ -76,7 +76,8 @@ def spec(score_mod: Callable | None, mask_mod: Callable | None) -> tuple | None:
     from ..mods.trace import trace_mask_mod, trace_score_mod
 
     graphs, paths = [], []
-    for fn, tracer in ((score_mod, trace_score_mod), (mask_mod, trace_mask_mod)):
+    for which, (fn, tracer) in enumerate(((score_mod, trace_score_mod),
+                                          (mask_mod, trace_mask_mod))):
         if fn is None:
             graphs.append(None)
             continue
@@ -86,7 +87,7 @@ def spec(score_mod: Callable | None, mask_mod: Callable | None) -> tuple | None:
             path = _path(fn, t)
             if path is None:
                 return None
-            paths.append((0 if fn is score_mod else 1,) + path)
+            paths.append((which,) + path)
     key = "|".join(g.signature() if g is not None else "-" for g in graphs)
     _GRAPHS[key] = tuple(graphs)
     return key, tuple(paths)
@@ -192,11 +193,8 @@ def _setup(ctx, inputs, output):
     q, k, v, captures, sinks, cu_q, cu_k = inputs[:7]
     out, lse = output
     graph = _GRAPHS[inputs[9]][0]
-    # the float tensors the score_mod reads that require grad (a mask_mod's get none);
-    # one indexed through the score raises here, while the graph is traced
-    slots = [i for i in range(len(graph.captures) if graph is not None else 0)
-             if captures[i].requires_grad and captures[i].is_floating_point()]
-    if slots:
+    slots = list(capture_slots(graph, captures, [t.requires_grad for t in captures]))
+    if slots:  # one indexed through the score raises here, while the graph is traced
         refuse_without_backward(TracedMods(graph, None, tuple(captures)))
     ctx.save_for_backward(q, k, v, out, lse, sinks, cu_q, cu_k, *captures)
     ctx.args, ctx.slots = inputs[7:], slots
