@@ -197,6 +197,31 @@ def test_the_warm_path_imports_without_the_dsl():
     assert run.returncode == 0, run.stderr
 
 
+def test_the_call_path_leaves_torch_dynamo_unloaded():
+    """torch._dynamo (and sympy under it) costs a process's first call about 2 s to import
+    (6 s where Python has no bytecode cache): an eager call, with grad and with a score_mod,
+    leaves it to torch.compile, which loads it before it traces a call. Run with the compiler
+    and the launch stood in as `launch_recording` stands them in."""
+    code = """
+import sys, torch, cute_fa
+from cute_fa.api import checks
+from cute_fa.runtime import device, plan, run
+checks.check_devices = lambda named, device_index: None
+device.DEVICES[-1] = device.stand_in("sm_90a", 132)
+plan.get_kernel = lambda key: key
+run.no_lse = lambda device_index: torch.empty(1, 1, 1)
+run.tile_counter = lambda device_index: torch.zeros(1, dtype=torch.int32)
+run.launch = lambda device_index, kernel, args: None
+q, k, v = (torch.randn(1, 256, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+           for _ in range(3))
+cute_fa.forward(q, k, v, causal=True).sum().backward()
+cute_fa.forward(q, k, v, score_mod=lambda s, b, h, qi, kv: s * 0.5).sum().backward()
+assert 'torch._dynamo' not in sys.modules, 'an eager call imports torch._dynamo'
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+
+
 def test_public_functions_are_functions_in_a_fresh_process():
     """`cute_fa.backward` is the function (no submodule shadows it), before and after the
     custom ops load; every name of __all__ resolves."""

@@ -18,7 +18,7 @@ from ..runtime.call import DENSE, NO_WINDOW, RAGGED, AttentionCall
 from ..runtime.device import device
 from ..runtime.plan import plan
 from ..runtime.run import run_forward, run_merge, score_tensors
-from . import autograd, graph_mods, ops
+from . import autograd, ops
 from .mods import (NONE, TracedMods, block_backward, exact_blocks, needs_grad,
                    refuse_under_compile, refuse_without_backward, trace_mods, with_mods)
 from .checks import (SDPA_NAMES, as_bool, as_deterministic, check_forward, check_merge,
@@ -52,6 +52,15 @@ def _mods_under_compile(score_mod, mask_mod, sinks, block_mask) -> bool:
     tensors within reach), else runs eagerly, behind a graph break (`_eager`)."""
     return (score_mod is not None or mask_mod is not None or sinks is not None
             or block_mask is not None) and torch.compiler.is_compiling()
+
+
+def _graph_mods():
+    """`api.graph_mods`, imported only while a graph is traced: it loads torch._dynamo (its
+    decorator's module), which at import would add about 2 s to every process's first call,
+    and which a traced call has loaded already."""
+    from . import graph_mods
+
+    return graph_mods
 
 
 def _eager(fn):
@@ -246,7 +255,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
                     and page_table is None and num_splits is None:
                 check_forward(DENSE, q, k, v, softmax_scale=softmax_scale, causal=causal,
                               backend=backend, window_size=window_size, softcap=softcap)
-                got = graph_mods.attend(q, k, v, score_mod, mask_mod, sinks, causal,
+                got = _graph_mods().attend(q, k, v, score_mod, mask_mod, sinks, causal,
                                         softmax_scale, window_size, softcap, True, backend,
                                         deterministic)
                 if got is not None:
@@ -283,7 +292,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = Fa
             qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             check_forward(DENSE, qt, kt, vt, softmax_scale=scale, causal=is_causal,
                           backend=backend, bottom_right=False, names=SDPA_NAMES)
-            got = graph_mods.attend(qt, kt, vt, score_mod, mask_mod, sinks, is_causal, scale,
+            got = _graph_mods().attend(qt, kt, vt, score_mod, mask_mod, sinks, is_causal, scale,
                                     NO_WINDOW, 0.0, False, backend, deterministic)
             if got is not None:
                 return got[0].transpose(1, 2)
@@ -383,7 +392,7 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           backend=backend, window_size=window_size, softcap=softcap,
                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                           max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-            got = graph_mods.attend(q, k, v, score_mod, mask_mod, sinks, causal,
+            got = _graph_mods().attend(q, k, v, score_mod, mask_mod, sinks, causal,
                                     softmax_scale, window_size, softcap, True, backend,
                                     deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k)

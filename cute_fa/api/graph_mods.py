@@ -100,15 +100,17 @@ def captures(score_mod: Callable | None, mask_mod: Callable | None, paths: tuple
     for which, kind, *rest in paths:
         fn = score_mod if which == 0 else mask_mod
         func = getattr(fn, "__func__", fn)
+        # indexing, not rest.pop(0): dynamo of torch 2.11 makes *rest a tuple
+        names = rest if kind == "self" else rest[1:]
         if kind == "cell":
-            obj = func.__closure__[rest.pop(0)].cell_contents
+            obj = func.__closure__[rest[0]].cell_contents
         elif kind == "global":
-            obj = func.__globals__[rest.pop(0)]
+            obj = func.__globals__[rest[0]]
         elif kind == "default":
-            obj = func.__defaults__[rest.pop(0)]
+            obj = func.__defaults__[rest[0]]
         else:
             obj = fn.__self__
-        for name in rest:
+        for name in names:
             obj = getattr(obj, name)
         tensors.append(obj)
     return tensors
