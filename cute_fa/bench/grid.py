@@ -93,10 +93,12 @@ import torch
 t1 = time.perf_counter()
 import cute_fa
 q, k, v = (torch.randn(1, 128, 16, {d}, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-o = cute_fa.forward(q, k, v, causal={causal})
 torch.cuda.synchronize()
 t2 = time.perf_counter()
-print(t1 - t0, t2 - t1)
+o = cute_fa.forward(q, k, v, causal={causal})
+torch.cuda.synchronize()
+t3 = time.perf_counter()
+print(t1 - t0, t3 - t1, t2 - t1)
 """
 
 
@@ -104,23 +106,38 @@ print(t1 - t0, t2 - t1)
 START_CONFIGS = ((64, True), (128, False), (192, True), (256, False))
 
 
-def start_times(head_dim=128, causal=False) -> dict:
+def _probe_env(kernel_cache: str, bytecode: str) -> dict:
+    """The probes' environment: their own kernel cache, and Python's bytecode cache in
+    `bytecode`, as an installed package has one (a machine whose Python writes none, as the
+    lent GPU's, would otherwise compile every imported source in every probe: seconds)."""
+    env = dict(os.environ, CUTE_FA_CACHE_DIR=kernel_cache, PYTHONPYCACHEPREFIX=bytecode)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def start_times(head_dim=128, causal=False, bytecode: str | None = None) -> dict:
     """First call in a new process, with a cold and then a warm on-disk cache (seconds).
 
-    `after_torch` counts from after `import torch` (what cute_fa adds) to the first result.
+    `after_torch` counts from after `import torch` (what cute_fa adds, and CUDA's start, which
+    any first call pays: `cuda_start`) to the first result. bytecode: a bytecode cache folder
+    shared by the probes (None: one of their own), filled by a first probe on a throwaway
+    kernel cache before the two timed.
     """
     out = {}
-    with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, CUTE_FA_CACHE_DIR=cache)
-        code = _PROBE.format(d=head_dim, causal=causal)
+    code = _PROBE.format(d=head_dim, causal=causal)
+    with tempfile.TemporaryDirectory() as tmp:
+        bytecode = bytecode or os.path.join(tmp, "pyc")
+        subprocess.run([sys.executable, "-c", code], env=_probe_env(os.path.join(tmp, "fill"),
+                       bytecode), capture_output=True, text=True, check=True)
+        env = _probe_env(os.path.join(tmp, "kernels"), bytecode)
         for name in ("cold_cache", "warm_cache"):
             t = time.perf_counter()
             res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                                  text=True, check=True)
             total = time.perf_counter() - t
-            torch_import, after_torch = (float(x) for x in res.stdout.split())
+            torch_import, after_torch, cuda_start = (float(x) for x in res.stdout.split())
             out[name] = dict(process_total=total, import_torch=torch_import,
-                             after_torch=after_torch)
+                             after_torch=after_torch, cuda_start=cuda_start)
     return out
 
 
@@ -178,7 +195,8 @@ def grid_markdown(result: dict) -> str:
     if result.get("start"):
         lines += ["## New process, first result", "",
                   "B=1, H=16, S=128, bf16; seconds after `import torch` (in brackets: the whole "
-                  "process).", "",
+                  "process), CUDA's start included; Python's bytecode cached, as an installed "
+                  "package has it.", "",
                   "| head_dim | causal | cold cache (compiles) | warm disk cache |",
                   "|---|---|---|---|"]
         for v in result["start"]:
@@ -239,7 +257,9 @@ def main(out_dir: str, quick: bool = False) -> dict:
     result = dict(run_info(torch), reps=REPS)
     configs = START_CONFIGS[1:2] if quick else START_CONFIGS
     # first: the probes run in new processes, on a GPU this one has not loaded yet
-    result["start"] = [dict(head_dim=d, causal=c, **start_times(d, c)) for d, c in configs]
+    with tempfile.TemporaryDirectory() as bytecode:
+        result["start"] = [dict(head_dim=d, causal=c, **start_times(d, c, bytecode))
+                           for d, c in configs]
     warm_gpu(torch)
     result["grid"] = grid_results(torch, seqlens=(1024, 8192) if quick else SEQLENS)
     if not quick:  # the larger head_dims, one dtype
