@@ -90,6 +90,41 @@ def test_full_tiles_are_listed_whole(tile):
     assert whole.any()
 
 
+@pytest.mark.parametrize("tile", [(128, 128), (64, 128), (128, 64)])
+def test_query_tiles_listed_whole_keep_every_score(tile):
+    """The backward's lists with whole (`query_tiles`): the same query tiles per key tile, an
+    entry -(i + 1) exactly where `kernel_blocks` marks tile (i, j) whole, and such a tile
+    keeps every score of the mask (by `dense`, the reference's mask); a document mask
+    without full blocks off the diagonal and a causal one with them."""
+    for mask_mod in (document_causal, lambda b, h, q, kv: q >= kv):
+        bm = create_block_mask(mask_mod, 2, None, 1000, 900, block_size=(64, 128))
+        block_m, block_n = tile
+        counts, listed = bm.kernel_blocks(block_m, block_n, 2, 3, whole=True)
+        f_indices, f_whole = kernel_tile(listed)
+        q_counts, q_listed = bm.query_tiles(block_m, block_n, 2, 3, whole=True)
+        plain = bm.query_tiles(block_m, block_n, 2, 3, whole=False)
+        assert torch.equal(q_counts, plain[0])
+        q_indices, q_whole = kernel_tile(q_listed)
+        assert torch.equal(q_indices, plain[1])
+        kept = bm.dense()
+        marked = 0
+        for b in range(2):
+            forward = {(i, j): w for i in range(counts.shape[2])
+                       for j, w in zip(f_indices[b, 0, i, :counts[b, 0, i]].tolist(),
+                                       f_whole[b, 0, i, :counts[b, 0, i]].tolist())}
+            for j in range(q_counts.shape[2]):
+                n = q_counts[b, 0, j]
+                for i, w in zip(q_indices[b, 0, j, :n].tolist(), q_whole[b, 0, j, :n].tolist()):
+                    assert w == forward[i, j], (b, i, j)
+                    scores = kept[b, 0, i * block_m:(i + 1) * block_m,
+                                  j * block_n:(j + 1) * block_n]
+                    assert not w or bool(scores.all()), (b, i, j)
+                    marked += w
+        assert marked > 0 or mask_mod is document_causal
+    assert bm.query_tiles(128, 128, 2, 3, whole=True) is bm.query_tiles(128, 128, 2, 3,
+                                                                           whole=True)
+
+
 def test_kernel_blocks_are_kept_per_tile():
     """A mask converts once per (tile, batch, heads): every layer of a step reuses it."""
     bm = create_block_mask(document_causal, 2, None, 1000, 1000)

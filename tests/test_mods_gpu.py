@@ -502,17 +502,19 @@ def test_captured_tensor_gradients(name, mods_backward):
 
 @pytest.mark.parametrize("backend", BLOCK_SPARSE_BACKENDS)
 @pytest.mark.parametrize("block", [128, 64])
-@pytest.mark.parametrize("sparse", [False, True])
-def test_block_mask_gradients(backend, block, sparse, monkeypatch, mods_backward):
+@pytest.mark.parametrize("sparse, whole", [(False, False), (True, False), (True, True)])
+def test_block_mask_gradients(backend, block, sparse, whole, monkeypatch, mods_backward):
     """dq, dk, dv through a block mask (hand-made lists with a causal mask_mod they do not
     follow: the forward walks the lists, the backward masks by the blocks' kinds every query
-    block, or with `block_mask.SPARSE_BACKWARD` the listed ones) against float64 autograd of
+    block, or with `block_mask.SPARSE_BACKWARD` the listed ones, and with
+    `WHOLE_TILES_BACKWARD` none of those inside full blocks) against float64 autograd of
     attention under that mask, by hand; GQA."""
     from test_block_mask_api import hand_built
 
     from cute_fa.mods import block_mask
 
     monkeypatch.setattr(block_mask, "SPARSE_BACKWARD", sparse)
+    monkeypatch.setattr(block_mask, "WHOLE_TILES_BACKWARD", whole)
 
     torch_mask, seen = hand_built(block=block, heads=4)
     torch_mask, seen = torch_mask.to("cuda"), seen.cuda()

@@ -30,6 +30,11 @@ SPARSE_BACKWARD = True
 # (H100, the masks and lengths above, docs/perf/2026-12-07-h100-bwd-mods/).
 WHOLE_TILES = True
 
+# The same marking in the backward's lists (`BlockMask.query_tiles`): its kernels then skip
+# the mask (the blocks' kinds and the mask_mod, read per score) on tiles inside full blocks.
+# The backward kernels read both forms.
+WHOLE_TILES_BACKWARD = False
+
 
 @dataclass(frozen=True)
 class BlockMask:
@@ -85,24 +90,35 @@ class BlockMask:
         met, rows, cols = self._tiles_met(block_m, block_n)
         counts, indices = _ordered(met)
         if whole:
-            full = _listed(self.full_kv_num_blocks, self.full_kv_indices, cols.shape[1])
-            kept_whole = (rows @ (~full).to(torch.float32) @ cols.T) == 0
-            indices = torch.where(kept_whole.gather(-1, indices.long()), -indices - 1, indices)
+            indices = _mark_whole(indices, self._kept_whole(rows, cols))
         held = self._tiles[(block_m, block_n, batch, heads, whole)] = _broadcast(
             counts, indices, batch, heads)
         return held
 
-    def query_tiles(self, block_m: int, block_n: int, batch: int, heads: int) -> tuple:
+    def query_tiles(self, block_m: int, block_n: int, batch: int, heads: int,
+                    whole: bool | None = None) -> tuple:
         """(counts int32 (batch, heads, key tiles), indices int32 (..., query tiles)): for a
         backward of block_m x block_n tiles, the query tiles each key tile visits, ascending,
         then the others: every tile that overlaps a full or partial block (a tile meeting
-        none holds no kept score). Broadcast over batch and heads as `kernel_blocks`."""
-        held = self._tiles.get(("query", block_m, block_n, batch, heads))
+        none holds no kept score). whole (None: WHOLE_TILES_BACKWARD): a tile every score of
+        which is kept is listed as -(i + 1), as in `kernel_blocks`. Broadcast over batch and
+        heads as `kernel_blocks`."""
+        whole = WHOLE_TILES_BACKWARD if whole is None else whole
+        held = self._tiles.get(("query", block_m, block_n, batch, heads, whole))
         if held is None:
-            met, _, _ = self._tiles_met(block_m, block_n)
-            held = self._tiles[("query", block_m, block_n, batch, heads)] = _broadcast(
-                *_ordered(met.transpose(-1, -2)), batch, heads)
+            met, rows, cols = self._tiles_met(block_m, block_n)
+            counts, indices = _ordered(met.transpose(-1, -2))
+            if whole:
+                indices = _mark_whole(indices, self._kept_whole(rows, cols).transpose(-1, -2))
+            held = self._tiles[("query", block_m, block_n, batch, heads, whole)] = _broadcast(
+                counts, indices, batch, heads)
         return held
+
+    def _kept_whole(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """bool (batch, heads, query tiles, key tiles): whether a tile meets full blocks alone
+        (every score of it kept; `_tiles_met`'s rows and cols)."""
+        full = _listed(self.full_kv_num_blocks, self.full_kv_indices, cols.shape[1])
+        return (rows @ (~full).to(torch.float32) @ cols.T) == 0
 
     def _tiles_met(self, block_m: int, block_n: int) -> tuple:
         """(met, rows, cols): met bool (batch, heads, query tiles, key tiles), whether a
@@ -174,6 +190,12 @@ def _broadcast(counts: torch.Tensor, indices: torch.Tensor, batch: int, heads: i
     entry or head serves all."""
     shape = (batch, heads) + tuple(counts.shape[2:])
     return counts.expand(shape), indices.expand(shape + indices.shape[-1:])
+
+
+def _mark_whole(indices: torch.Tensor, kept_whole: torch.Tensor) -> torch.Tensor:
+    """A list's entries (`_ordered`'s, along the last dimension of kept_whole) as the kernels
+    read them: -(j + 1) where tile j is kept whole, j elsewhere."""
+    return torch.where(kept_whole.gather(-1, indices.long()), -indices - 1, indices)
 
 
 def kernel_tile(listed: torch.Tensor) -> tuple:

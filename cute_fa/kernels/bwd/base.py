@@ -177,7 +177,7 @@ class FlashBwdBase:
         return dtanh
 
     def _mod_scores(self, acc_S, acc_S_mn, coords: mods.TileCoords, key0, seqlen: SeqlenInfo,
-                    batch, head, score_tensors, pre_scale):
+                    batch, head, score_tensors, pre_scale, needs_mask=True):
         """With mods, the recomputed scores through them as in the forward (`mods.apply_mods`:
         score_mod of S * pre_scale, -inf where mask_mod drops the key), before the mask; returns
         score_mod's derivative at each score, the factor dS takes (None without a score_mod),
@@ -185,7 +185,8 @@ class FlashBwdBase:
         layout: `_capture_grads` reads them). acc_S_mn: acc_S's (query, key) view, whose rows
         are queries coords.query0 + coords.row_offsets of `head`, its columns keys key0 +
         coords.col_offsets (a kernel whose tile is S^T passes the view with its modes
-        swapped)."""
+        swapped). needs_mask: True, or a block-sparse list's flag (`list_entry`), False on a
+        tile every score of which the block mask keeps, where the mask_mod is skipped."""
         grad = None
         derivatives = ()
         if cutlass.const_expr(self.has_mods):
@@ -196,12 +197,27 @@ class FlashBwdBase:
             derivatives = tuple(
                 (graph, cute.make_tensor(cute.make_fragment_like(acc_S).iterator,
                                          acc_S_mn.layout)) for _, graph in self.capture_pairs)
-            mods.apply_mods(acc_S_mn, coords, key0, _ROWS, seqlen,
-                            mods.ModArgs(batch, head, score_tensors if score_tensors is None
-                                         else score_tensors[:self.n_captures]),
-                            self.score_mod, self.mask_mod, pre_scale, self.score_mod_grad,
-                            grad_mn, derivatives)
+            at = mods.ModArgs(batch, head, score_tensors if score_tensors is None
+                              else score_tensors[:self.n_captures])
+            if cutlass.const_expr(needs_mask is True or self.mask_mod is None):
+                mods.apply_mods(acc_S_mn, coords, key0, _ROWS, seqlen, at, self.score_mod,
+                                self.mask_mod, pre_scale, self.score_mod_grad, grad_mn,
+                                derivatives)
+            else:
+                score_at, mask_at = mods.split_args(at, self.score_mod)
+                mods.apply_mods(acc_S_mn, coords, key0, _ROWS, seqlen, score_at, self.score_mod,
+                                None, pre_scale, self.score_mod_grad, grad_mn, derivatives)
+                self._mask_unless_whole(needs_mask, acc_S_mn, coords, key0, seqlen, mask_at)
         return grad, tuple(mn for _, mn in derivatives)
+
+    @cute.jit
+    def _mask_unless_whole(self, needs_mask, acc_S_mn, coords: mods.TileCoords, key0,
+                           seqlen: SeqlenInfo, mask_at: mods.ModArgs):
+        """The mask_mod over the tile, under a uniform branch: skipped where needs_mask is
+        False (a tile the block mask keeps whole)."""
+        if needs_mask:
+            mods.apply_mods(acc_S_mn, coords, key0, _ROWS, seqlen, mask_at, None, self.mask_mod,
+                            None)
 
     def _capture_grads(self, dS_mn, derivative_mns, coords: mods.TileCoords, key0,
                        seqlen: SeqlenInfo, batch, head, score_tensors):

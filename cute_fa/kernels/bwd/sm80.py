@@ -48,6 +48,7 @@ from ..common.launch import occupancy_options
 from ..common.loads import load_rows
 from ..common.softmax import score_scales
 from ..common.thread_mma import tile_place
+from ..sched.block_info import list_entry
 from ..sched.seqlen import SeqlenInfo
 from .base import FlashBwdBase, QueryBlocks, RowData
 
@@ -270,15 +271,17 @@ class FlashBwdSm80(FlashBwdBase):
                       mCuSeqlensQ, mSemaphore, tidx, score_tensors):
         """block_sparse: the query blocks key block n_block's block mask lists for `head`
         (`BlockMask.query_tiles`, the score tensors after the captures), ascending, with the
-        dense loop's Q / dO ring; a query block it does not list holds no kept score."""
+        dense loop's Q / dO ring; a query block it does not list holds no kept score, one it
+        lists whole skips the mask (`list_entry`)."""
         g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ = loads
         counts = score_tensors[self.n_captures]
         listed = score_tensors[self.n_captures + 1][batch, head, n_block, None]
         steps = counts[batch, head, n_block]
         if steps > 0:
-            self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, listed[0], 0, seqlen.seqlen_q)
+            self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, list_entry(listed[0])[0], 0,
+                         seqlen.seqlen_q)
         for i in cutlass.range(steps, unroll=1):
-            m_block = listed[i]
+            m_block, needs_mask = list_entry(listed[i])
             stage = 0
             if cutlass.const_expr(self.cfg.q_stages == 2):
                 stage = i % 2
@@ -286,15 +289,15 @@ class FlashBwdSm80(FlashBwdBase):
             cute.arch.barrier()
             if cutlass.const_expr(self.cfg.q_stages == 2):
                 if i + 1 < steps:
-                    self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, listed[i + 1],
-                                 1 - stage, seqlen.seqlen_q)
+                    self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ,
+                                 list_entry(listed[i + 1])[0], 1 - stage, seqlen.seqlen_q)
             self._step(thr, rows, m_block, n_block, stage, blocks, seqlen, batch, scale_log2,
-                       softcap_scale, mCuSeqlensQ, mSemaphore, tidx, score_tensors)
+                       softcap_scale, mCuSeqlensQ, mSemaphore, tidx, score_tensors, needs_mask)
             if cutlass.const_expr(self.cfg.q_stages == 1):
                 cute.arch.barrier()
                 if i + 1 < steps:
-                    self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, listed[i + 1], 0,
-                                 seqlen.seqlen_q)
+                    self._load_q(g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ,
+                                 list_entry(listed[i + 1])[0], 0, seqlen.seqlen_q)
 
     @cute.jit
     def _load_q(self, g2s, tQgQ, tQsQ, tdOgdO, tdOsdO, tQcQ, m_block, stage, seqlen_q):
@@ -309,9 +312,10 @@ class FlashBwdSm80(FlashBwdBase):
     @cute.jit
     def _step(self, thr: BwdThread, rows: "RowData", m_block, n_block, stage,
               blocks: QueryBlocks, seqlen: SeqlenInfo, batch, scale_log2, softcap_scale,
-              mCuSeqlensQ, mSemaphore, tidx, score_tensors=None):
+              mCuSeqlensQ, mSemaphore, tidx, score_tensors=None, needs_mask=True):
         """One (query block, key block) pair: the five products. softcap_scale: the scores'
-        pre-scale under a softcap or a score_mod."""
+        pre-scale under a softcap or a score_mod; needs_mask: False where a block mask's list
+        keeps the pair whole (`list_entry`)."""
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         v = thr.views
@@ -341,7 +345,7 @@ class FlashBwdSm80(FlashBwdBase):
         coords = mods.TileCoords(thr.row_offsets, thr.col_offsets, query0)
         key0 = n_block * bn + thr.col0
         dmod, dcaptures = self._mod_scores(acc_S, acc_S_mn, coords, key0, seqlen, batch,
-                                           rows.head, score_tensors, softcap_scale)
+                                           rows.head, score_tensors, softcap_scale, needs_mask)
         if self._masked(m_block, n_block, blocks, seqlen):
             mask.apply_mask(acc_S_mn, thr.row_offsets, thr.col_offsets, query0,
                             n_block * bn + thr.col0, seqlen.seqlen_k, blocks.upper, self.causal,

@@ -71,6 +71,7 @@ from ..common.launch import occupancy_options
 from ..common.softmax import score_scales
 from ..common.thread_mma import tile_place
 from ..common.thread_wgmma import gemm
+from ..sched.block_info import list_entry
 from ..sched.seqlen import SeqlenInfo, tma_entry_rows
 from .base import FlashBwdBase, Grads, QueryBlocks
 from .persistent import PersistentTiles
@@ -234,9 +235,10 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
 
     @cute.jit
     def _step_place(self, i, blocks: QueryBlocks, head0, per_head):
-        """(query head, query block) of step i: the CTA's heads from head0 in turn, each over
-        its query blocks (block_sparse: those its lists give, `QueryBlocks.lists`; the head is
-        found by subtracting the counts of the heads before it, a few cached loads)."""
+        """(query head, query block, whether its mask must run) of step i: the CTA's heads
+        from head0 in turn, each over its query blocks (block_sparse: those its lists give,
+        `QueryBlocks.lists`, where a block kept whole skips the mask, `list_entry`; the head
+        is found by subtracting the counts of the heads before it, a few cached loads)."""
         if cutlass.const_expr(self.block_sparse):
             counts, listed, group = blocks.lists
             head = head0
@@ -246,9 +248,10 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
                 if j >= count:
                     j = j - count
                     head = head + 1
-            return head, listed[head, j]
+            m_block, needs_mask = list_entry(listed[head, j])
+            return head, m_block, needs_mask
         g = i // per_head
-        return head0 + g, blocks.m_lo + i - g * per_head
+        return head0 + g, blocks.m_lo + i - g * per_head, True
 
     @cute.jit
     def _wait_empty(self, mbar, i):
@@ -305,7 +308,7 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
         sQ = storage.sQ.get_tensor(tma.tma_smem_layout(cfg, "Q", cfg.q_stages))
         sdO = storage.sdO.get_tensor(tma.tma_smem_layout(cfg, "Q", cfg.q_stages))
         q_bytes = bm * dp * cfg.elem_bytes
-        head, m_block = self._step_place(i, blocks, head0, per_head)
+        head, m_block, _ = self._step_place(i, blocks, head0, per_head)
         stage = self._wait_empty(mbar, ring_index)
         for atom, src, dst, full in ((tma_atom_Q, tma_Q, sQ, bars.q_full),
                                      (tma_atom_dO, tma_dO, sdO, bars.do_full)):
@@ -333,7 +336,7 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
         sD = storage.sD.get_tensor(cute.make_layout(bm * cfg.q_stages))
         lane = cute.arch.lane_idx()
         for i in cutlass.range(steps, unroll=1):
-            head, m_block = self._step_place(i, blocks, head0, per_head)
+            head, m_block, _ = self._step_place(i, blocks, head0, per_head)
             stage = self._wait_empty(mbar, ring.ring_round(i, base))
             lse = seqlen.lse_row(mLSE, batch, head)
             d = seqlen.lse_row(mD, batch, head)
@@ -368,7 +371,7 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
         nbytes = cfg.block_m * cfg.head_dim_padded * 4
         if cute.arch.lane_idx() == 0:
             for i in cutlass.range(steps, unroll=1):
-                head, m_block = self._step_place(i, blocks, head0, per_head)
+                head, m_block, _ = self._step_place(i, blocks, head0, per_head)
                 chunk = self._dq_chunk(mdQaccum, batch, head, m_block, mCuSeqlensQ)
                 cute.arch.mbarrier_wait(mbar + bars.dq_full, ring.ring_round(i, base) % 2)
                 if cutlass.const_expr(self.deterministic):
@@ -535,7 +538,7 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
         else:
             cute.arch.mbarrier_wait(mbar + bars.kv, tile % 2)
         for i in cutlass.range(steps, unroll=1):
-            head, m_block = self._step_place(i, blocks, head0, per_head)
+            head, m_block, needs_mask = self._step_place(i, blocks, head0, per_head)
             stage, phase = ring.ring_slot(ring.ring_round(i, base), stages)
             cute.arch.mbarrier_wait(mbar + bars.q_full + stage, phase)
             acc_S = cute.make_rmem_tensor(shape_S, cutlass.Float32)
@@ -555,7 +558,7 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
             if cutlass.const_expr(self.has_mods):
                 dmod, dcaptures = self._mod_scores(acc_S, _swapped(acc_S_mn), coords, key0,
                                                    seqlen, batch, head, score_tensors,
-                                                   softcap_scale)
+                                                   softcap_scale, needs_mask)
             if self._masked(m_block, n_block, blocks, seqlen):
                 mask.apply_mask_transposed(acc_S_mn, rows, cols, key0, query0, seqlen.seqlen_k,
                                            blocks.upper, self.causal, blocks.window_offset)

@@ -36,7 +36,7 @@ from ..common import epilogue, mask, mods
 from ..common.launch import occupancy_options
 from ..common.softmax import LOG2_E
 from ..common.thread_mma import ThreadMma
-from ..sched.block_info import BlockInfo
+from ..sched.block_info import BlockInfo, list_entry
 from ..sched.seqlen import QueryRows, SeqlenInfo, tma_entry_rows
 from ..sched.tile_scheduler import SingleTileScheduler
 
@@ -273,8 +273,7 @@ class FlashFwdBase:
         """(key block, whether the mask_mod must run on it) of round block n_block in a
         block-sparse tile's list: an entry -(j + 1) is block j with every score kept
         (`BlockMask.kernel_blocks`)."""
-        listed = blocks[n_block]
-        return cutlass.select_(listed < 0, ~listed, listed), listed >= 0
+        return list_entry(blocks[n_block])
 
     @staticmethod
     def real_block(blocks, n_block):

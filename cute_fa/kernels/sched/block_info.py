@@ -1,5 +1,5 @@
 """Which key blocks a query block visits: all of them, or those a causal edge, a sliding window's
-lower edge or a key split leave it (`BlockInfo`)."""
+lower edge or a key split leave it (`BlockInfo`); a block mask's list entries (`list_entry`)."""
 
 from dataclasses import dataclass
 
@@ -59,3 +59,10 @@ class BlockInfo:
         sequence tail, and under causal every block the diagonal of a block_m-row slab can
         cross (with packing the slab spans fewer queries, so this stays an upper bound)."""
         return (-(-self.block_m // self.block_n) + 1) if self.causal else 1
+
+
+def list_entry(entry):
+    """(tile, whether its mask_mod must run) of an entry of a block mask's tile list: an entry
+    -(j + 1) is tile j with every score kept (`BlockMask.kernel_blocks`, `query_tiles`), j
+    itself one the mask_mod decides."""
+    return cutlass.select_(entry < 0, ~entry, entry), entry >= 0
