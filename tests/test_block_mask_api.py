@@ -423,7 +423,7 @@ def test_query_tiles_are_the_key_lists_turned_around(tile):
     bm = create_block_mask(document_causal, 2, None, 1000, 900, block_size=(64, 128))
     block_m, block_n = tile
     counts, indices = bm.kernel_blocks(block_m, block_n, 2, 3, whole=False)
-    q_counts, q_indices = bm.query_tiles(block_m, block_n, 2, 3)
+    q_counts, q_indices = bm.query_tiles(block_m, block_n, 2, 3, whole=False)
     assert q_counts.shape == (2, 3, -(-900 // block_n))
     assert q_indices.shape == q_counts.shape + (-(-1000 // block_m),)
     # the kernels take both lists' last dimension at stride 1 (a launch of a strided one fails)

@@ -32,8 +32,10 @@ WHOLE_TILES = True
 
 # The same marking in the backward's lists (`BlockMask.query_tiles`): its kernels then skip
 # the mask (the blocks' kinds and the mask_mod, read per score) on tiles inside full blocks.
-# The backward kernels read both forms.
-WHOLE_TILES_BACKWARD = False
+# The backward kernels read both forms: this one ran 1.05x-1.42x the speed of masking every
+# listed tile, gradients within 0.001 (H100, the masks above at S 4k and 16k, one run,
+# docs/perf/2026-12-07-h100-first-call/).
+WHOLE_TILES_BACKWARD = True
 
 
 @dataclass(frozen=True)

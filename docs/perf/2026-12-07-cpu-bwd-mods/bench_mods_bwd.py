@@ -8,9 +8,11 @@ cute_fa twice: its backward on the mma.sync kernel and on the wgmma kernel
 per call (batch 16384 // S), 16 query heads, 4 K/V heads, head_dim 128. The mods are that
 script's (`cases`); masks run with their block mask. dq/dk/dv of cute_fa are compared with
 FlexAttention's (max |diff|).
-Usage: bench_mods_bwd.py OUT_DIR [SEQLENS, e.g. 4096,16384]"""
+Usage: bench_mods_bwd.py OUT_DIR [SEQLENS, e.g. 4096,16384]; ONLY=softcap (environment) runs
+the mods whose names contain it."""
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -86,6 +88,8 @@ def main():
             return tuple(mods_backward(f, sm90) for f in pair)
 
         for name, (score_mod, mask_mod, builtin) in mods_cases(batch, s).items():
+            if os.environ.get("ONLY", "") not in name:
+                continue
             bm = None if mask_mod is None else create_block_mask(mask_mod, batch, HQ, s, s,
                                                                  device="cuda")
             pairs = {
