@@ -256,8 +256,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
                 check_forward(DENSE, q, k, v, softmax_scale=softmax_scale, causal=causal,
                               backend=backend, window_size=window_size, softcap=softcap)
                 got = _graph_mods().attend(q, k, v, score_mod, mask_mod, sinks, causal,
-                                        softmax_scale, window_size, softcap, True, backend,
-                                        deterministic)
+                                           softmax_scale, window_size, softcap, True, backend,
+                                           deterministic)
                 if got is not None:
                     return got if return_lse else got[0]
             return _eager(forward)(q, k, v, causal, softmax_scale, return_lse, out, backend,
@@ -293,7 +293,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = Fa
             check_forward(DENSE, qt, kt, vt, softmax_scale=scale, causal=is_causal,
                           backend=backend, bottom_right=False, names=SDPA_NAMES)
             got = _graph_mods().attend(qt, kt, vt, score_mod, mask_mod, sinks, is_causal, scale,
-                                    NO_WINDOW, 0.0, False, backend, deterministic)
+                                       NO_WINDOW, 0.0, False, backend, deterministic)
             if got is not None:
                 return got[0].transpose(1, 2)
         return _eager(sdpa)(q, k, v, is_causal, scale, backend, deterministic=deterministic,
@@ -393,9 +393,9 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                           max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
             got = _graph_mods().attend(q, k, v, score_mod, mask_mod, sinks, causal,
-                                    softmax_scale, window_size, softcap, True, backend,
-                                    deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                    max_seqlen_k)
+                                       softmax_scale, window_size, softcap, True, backend,
+                                       deterministic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k)
             if got is not None:
                 return got if return_lse else got[0]
         return _eager(forward_varlen)(
