@@ -32,6 +32,7 @@ from ..runtime.run import kernel_ready, run_forward, score_tensors
 from .autograd import capture_slots, scored_backward
 from .checks import as_deterministic, check_forward, window_ints
 from .mods import TracedMods, checked_mods, refuse_without_backward, with_mods
+from .ops import forward_outputs_like
 
 _GRAPHS: dict = {}  # key -> (score_mod graph, mask_mod graph), either None
 
@@ -158,11 +159,7 @@ def fwd_mods(q: Tensor, k: Tensor, v: Tensor, captures: list[Tensor], sinks: Opt
 
 @fwd_mods.register_fake
 def _(q, k, v, captures, sinks, cu_seqlens_q, cu_seqlens_k, *rest):
-    if cu_seqlens_q is not None:
-        total_q, heads_q, _ = q.shape
-        return torch.empty_like(q), q.new_empty((heads_q, total_q), dtype=torch.float32)
-    batch, seqlen_q, heads_q, _ = q.shape
-    return torch.empty_like(q), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+    return forward_outputs_like(q, ragged=cu_seqlens_q is not None)
 
 
 @torch.library.custom_op("cute_fa::bwd_mods", mutates_args=(), device_types="cuda")
@@ -201,14 +198,14 @@ def _setup(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, sinks, cu_q, cu_k, *captures)
     ctx.args, ctx.slots = inputs[7:], slots
     ctx.count = len(captures)
+    ctx.inputs = len(inputs)  # the backward returns a gradient (or None) for each
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, _dlse):
-    nothing = (None,) * 3 + ([None] * ctx.count,) + (None,) * 14
     if dout is None:
-        return nothing
+        return (None,) * 3 + ([None] * ctx.count,) + (None,) * (ctx.inputs - 4)
     q, k, v, out, lse, sinks, cu_q, cu_k = ctx.saved_tensors[:8]
     captures = list(ctx.saved_tensors[8:])
     grads = bwd_mods(dout, q, k, v, out, lse, captures, sinks, cu_q, cu_k, *ctx.args,
@@ -217,7 +214,7 @@ def _backward(ctx, dout, _dlse):
     for i, g in zip(ctx.slots, grads[4:]):
         dcaptures[i] = g
     dsinks = grads[3] if sinks is not None else None
-    return (grads[0], grads[1], grads[2], dcaptures, dsinks) + (None,) * 13
+    return (grads[0], grads[1], grads[2], dcaptures, dsinks) + (None,) * (ctx.inputs - 5)
 
 
 fwd_mods.register_autograd(_backward, setup_context=_setup)

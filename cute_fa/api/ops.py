@@ -41,11 +41,20 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: Optional[f
     return run_forward(call, plan(call, device(call.device_index)), q, k, v)
 
 
+def forward_outputs_like(q: Tensor, ragged: bool) -> tuple[Tensor, Tensor]:
+    """Empty (o, lse) of a forward on q: lse float32 (batch, heads, seqlen), or (heads,
+    total_q) for a ragged batch. The forward ops' fake outputs."""
+    if ragged:
+        total_q, heads_q, _ = q.shape
+        return torch.empty_like(q), q.new_empty((heads_q, total_q), dtype=torch.float32)
+    batch, seqlen_q, heads_q, _ = q.shape
+    return torch.empty_like(q), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+
+
 @fwd.register_fake
 def _(q, k, v, causal, softmax_scale, window_left, window_right, softcap, bottom_right, backend,
       deterministic):
-    batch, seqlen_q, heads_q, _ = q.shape
-    return torch.empty_like(q), q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+    return forward_outputs_like(q, ragged=False)
 
 
 @torch.library.custom_op("cute_fa::bwd", mutates_args=(), device_types="cuda")
@@ -104,8 +113,7 @@ def fwd_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens
 @fwd_varlen.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale,
       window_left, window_right, softcap, backend, deterministic):
-    total_q, heads_q, _ = q.shape
-    return torch.empty_like(q), q.new_empty((heads_q, total_q), dtype=torch.float32)
+    return forward_outputs_like(q, ragged=True)
 
 
 @torch.library.custom_op("cute_fa::bwd_varlen", mutates_args=(), device_types="cuda")
