@@ -36,8 +36,14 @@ def backward_call(call: AttentionCall, deterministic: bool, dout, q, k, v, o, ls
     tensors = score_tensors or ()
     if blocks is not None and blocks.features.block_sparse:
         tile = planned.tile
-        tensors = tensors + blocks.block_mask.query_tiles(tile.block_m, tile.block_n,
-                                                          call.batch, call.heads_q)
+        counts, indices = blocks.block_mask.query_tiles(tile.block_m, tile.block_n,
+                                                        call.batch, call.heads_q)
+        if cu_seqlens_q is not None:  # each entry's key tiles visit its own queries
+            from ..mods.block_mask import per_sequence, sequence_tiles
+
+            counts = per_sequence(counts, indices, sequence_tiles(cu_seqlens_k, tile.block_n),
+                                  sequence_tiles(cu_seqlens_q, tile.block_m))
+        tensors = tensors + (counts, indices)
     return run_backward(call, planned, kernel_ready(dout), q, k, v, o, lse,
                         cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                         score_tensors=tensors + grads or None)

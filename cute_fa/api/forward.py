@@ -228,9 +228,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     every score of a full block, a partial block's where its mask_mod keeps them (every one
     without a mask_mod), none of an unlisted block. Each query tile visits only the key
     tiles that meet listed blocks, on a tile that fits inside the mask's blocks where the
-    kernel has one (`tuning.mods_tile`), else reading the blocks' kinds per score. Dense
-    calls without causal or a window (the mask says them); the sm80 and sm90 kernels.
-    Differentiable: the backward masks every key block by the blocks' kinds (it skips none).
+    kernel has one (`tuning.mods_tile`), else reading the blocks' kinds per score. Calls
+    without causal or a window (the mask says them), num_splits 1; the sm80 and sm90
+    kernels. With a KV cache it is made for the cache's capacity and each entry visits the
+    listed blocks below its seqused_k, once `cute_fa.mods.block_mask.SEQUENCE_BLOCK_MASKS`
+    is on (it awaits a GPU check; off, a ValueError says so). Differentiable: each key tile
+    of the backward visits the query tiles that meet listed blocks (those it keeps whole
+    unmasked, `block_mask.SPARSE_BACKWARD`), all of them where deterministic.
 
     Gradients: where q, k or v require grad, the output's grad_fn runs cute_fa's backward
     kernels (`cute_fa.backward`); lse is returned as a non-differentiable output. deterministic:
@@ -326,8 +330,8 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    seqused_k: torch.Tensor | None = ...,
                    page_table: torch.Tensor | None = ...,
                    deterministic: bool | None = ..., score_mod: Callable | None = ...,
-                   mask_mod: Callable | None = ..., sinks: torch.Tensor | None = ...
-                   ) -> torch.Tensor: ...
+                   mask_mod: Callable | None = ..., sinks: torch.Tensor | None = ...,
+                   block_mask: object = ...) -> torch.Tensor: ...
 
 
 @overload
@@ -340,8 +344,8 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    seqused_k: torch.Tensor | None = ...,
                    page_table: torch.Tensor | None = ...,
                    deterministic: bool | None = ..., score_mod: Callable | None = ...,
-                   mask_mod: Callable | None = ..., sinks: torch.Tensor | None = ...
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+                   mask_mod: Callable | None = ..., sinks: torch.Tensor | None = ...,
+                   block_mask: object = ...) -> tuple[torch.Tensor, torch.Tensor]:
     ...
 
 
@@ -354,7 +358,7 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    seqused_k: torch.Tensor | None = None,
                    page_table: torch.Tensor | None = None, deterministic: bool | None = None,
                    score_mod: Callable | None = None, mask_mod: Callable | None = None,
-                   sinks: torch.Tensor | None = None,
+                   sinks: torch.Tensor | None = None, block_mask: object = None,
                    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention forward over a ragged batch packed end to end (flash-attn's
     `flash_attn_varlen_func`), in one launch, with no host sync and no copy; differentiable
@@ -384,10 +388,14 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     sequence's rows (or past cu_seqlens_k[-1]): those keys weigh exactly zero, but rows of k and
     v below total_k must hold finite values (0 x NaN is NaN).
     score_mod, mask_mod: `forward`'s, b being the sequence and q_idx, kv_idx positions in it;
-    sinks: `forward`'s.
+    sinks: `forward`'s. block_mask: `forward`'s, made for (batch = the sequences or 1,
+    seqlen_q, seqlen_k) at least (max_seqlen_q, max_seqlen_k) (a paged cache's: its
+    capacity), sequence b's positions its first ones; each query tile visits the listed key
+    blocks inside its sequence. Off until checked on a GPU
+    (`cute_fa.mods.block_mask.SEQUENCE_BLOCK_MASKS`): a ValueError says so.
     """
-    if _mods_under_compile(score_mod, mask_mod, sinks, None):
-        if out is None and seqused_k is None and page_table is None:
+    if _mods_under_compile(score_mod, mask_mod, sinks, block_mask):
+        if block_mask is None and out is None and seqused_k is None and page_table is None:
             check_forward(RAGGED, q, k, v, softmax_scale=softmax_scale, causal=causal,
                           backend=backend, window_size=window_size, softcap=softcap,
                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -402,7 +410,7 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
             softmax_scale, window_size, softcap, return_lse, out, backend, seqused_k=seqused_k,
             page_table=page_table, deterministic=deterministic, score_mod=score_mod,
-            mask_mod=mask_mod, sinks=sinks)
+            mask_mod=mask_mod, sinks=sinks, block_mask=block_mask)
     if deterministic is not None:
         as_bool("deterministic", deterministic)
     call = check_forward(RAGGED, q, k, v, out=out, softmax_scale=softmax_scale, causal=causal,
@@ -410,7 +418,7 @@ def forward_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          softcap=softcap, seqused_k=seqused_k, page_table=page_table,
                          cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    mods = trace_mods(score_mod, mask_mod, q, softcap, sinks, call.heads_q)
+    mods = trace_mods(score_mod, mask_mod, q, softcap, sinks, call.heads_q, block_mask, call)
     call = with_mods(call, mods)
     return _attend(call, q, k, v, out, deterministic, (causal, window_size, softcap, True),
                    cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,

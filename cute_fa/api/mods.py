@@ -81,8 +81,12 @@ def checked_mods(score: tuple, mask: tuple, q: torch.Tensor, softcap: float,
 
 def _block_mask(block_mask, mask_mod, q: torch.Tensor, call: AttentionCall | None):
     """cute_fa's BlockMask of `block_mask` (cute_fa's or torch's), checked against the call:
-    a dense call of its sequence lengths, without causal or a window (the mask says them),
-    its batch and heads 1 or the call's."""
+    without causal or a window (the mask says them), its batch and heads 1 or the call's, and
+    made for the call's sequence lengths: a dense call's own, or for a ragged batch or a KV
+    cache at least its longest sequence's (each sequence's positions are the mask's first,
+    and its lists are cut to them, `BlockMask.per_sequence`), walked by one CTA per query
+    tile (num_splits 1)."""
+    from ..mods import block_mask as masks
     from ..mods.block_mask import BlockMask, from_torch
 
     if not isinstance(block_mask, BlockMask):
@@ -92,18 +96,28 @@ def _block_mask(block_mask, mask_mod, q: torch.Tensor, call: AttentionCall | Non
         block_mask = from_torch(block_mask)
     if mask_mod is not None:
         raise ValueError("pass the mask as mask_mod or as block_mask (its mask_mod), not both")
-    if call is None or call.layout != DENSE or call.page_size or call.seqused_k \
-            or call.num_splits not in (None, 1):
-        raise ValueError("block_mask is taken by dense calls (forward, sdpa, flex_attention): "
-                         "not forward_varlen or a KV cache")
+    if call is None:
+        raise ValueError("block_mask is taken by forward, forward_varlen, sdpa and "
+                         "flex_attention")
+    per_sequence = call.layout != DENSE or bool(call.page_size) or call.seqused_k
+    if per_sequence and not masks.SEQUENCE_BLOCK_MASKS:
+        raise ValueError("block_mask is taken by dense calls (forward, sdpa, flex_attention) "
+                         "without a KV cache: in forward_varlen and KV-cache calls it is built "
+                         "but not yet checked on a GPU (cute_fa.mods.block_mask."
+                         "SEQUENCE_BLOCK_MASKS); pass the mask as mask_mod there")
+    if call.num_splits not in (None, 1):
+        raise ValueError(f"block_mask with num_splits={call.num_splits}: a block mask's lists "
+                         f"are walked by one CTA per query tile; pass num_splits=1 or None")
     f = call.features
     if f.causal or f.local:
         raise ValueError("block_mask with causal or window_size: put them in the mask (its "
                          "mask_mod), as FlexAttention does")
-    if (block_mask.seqlen_q, block_mask.seqlen_k) != (call.seqlen_q, call.seqlen_k):
-        raise ValueError(f"block_mask was made for (seqlen_q, seqlen_k) = ({block_mask.seqlen_q}"
-                         f", {block_mask.seqlen_k}), the call has ({call.seqlen_q}, "
-                         f"{call.seqlen_k})")
+    lengths = (block_mask.seqlen_q, block_mask.seqlen_k)
+    if (per_sequence and (lengths[0] < call.seqlen_q or lengths[1] < call.seqlen_k)) \
+            or (not per_sequence and lengths != (call.seqlen_q, call.seqlen_k)):
+        what = "at least its longest sequences'" if per_sequence else "the call's"
+        raise ValueError(f"block_mask was made for (seqlen_q, seqlen_k) = {lengths}, it must "
+                         f"be made for {what}, ({call.seqlen_q}, {call.seqlen_k})")
     batch, heads = block_mask.kv_num_blocks.shape[:2]
     if batch not in (1, call.batch) or heads not in (1, call.heads_q):
         raise ValueError(f"block_mask's batch and heads ({batch}, {heads}) must be 1 or the "

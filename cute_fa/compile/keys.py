@@ -28,9 +28,10 @@ class KernelKey:
     whatever the captured tensors hold) run on every score (`kernels/common/mods.py`); sinks:
     one more logit per query head in every row's softmax, of a key with value 0 (gpt-oss's
     attention sinks). block_sparse: each query block visits the key blocks a block mask lists
-    for it (`cute_fa.mods.block_mask.BlockMask.kernel_blocks`), in ascending order, instead of
-    every one its causal bound leaves (dense calls of the cp.async and wgmma kernels, without
-    causal, a window, GQA packing or persistence). The mods' captured tensors, the sink logits
+    for it (`cute_fa.mods.block_mask.BlockMask.kernel_blocks`; in a ragged batch or a KV
+    cache cut to each entry's blocks, `per_sequence`), in ascending order, instead of every
+    one its causal bound leaves (without causal, a window, GQA packing, persistence or
+    split-KV). The mods' captured tensors, the sink logits
     and the block lists (their counts, then their indices) are the kernel's `score_tensors`
     argument."""
 
@@ -71,16 +72,14 @@ class KernelKey:
         if self.score_mod is not None and self.softcap:
             raise ValueError("a softcap and a score_mod together: the softcap is a score_mod "
                              "(softcap * tanh(score / softcap)); give one or the other")
-        if self.block_sparse and (self.causal or self.local
-                                  or self.varlen_q or self.varlen_k or self.lpt
+        if self.block_sparse and (self.causal or self.local or self.lpt
                                   or getattr(self, "pack_gqa", 1) > 1
                                   or getattr(self, "persistent", 0)
                                   or getattr(self, "split_kv", False)
-                                  or getattr(self, "page_size", 0)
-                                  or getattr(self, "seqused_k", False)):
-            raise ValueError("block_sparse visits a block mask's key blocks in dense calls: "
-                             "not causal (put it in the mask), a window, a ragged batch, lpt, "
-                             "GQA packing, persistence, split-KV or a KV cache")
+                                  or getattr(self, "page_prefetch", False)):
+            raise ValueError("block_sparse visits a block mask's key blocks: not causal (put "
+                             "it in the mask), a window, lpt, GQA packing, persistence, "
+                             "split-KV or page_prefetch")
 
 
 def _check_persistent(persistent) -> None:
@@ -236,9 +235,9 @@ def _check_backward_key(key: KernelKey, tile_type: type, sparse: bool = False) -
     if key.sinks:
         raise ValueError("the backward kernels take no sinks (their LSE holds them)")
     if key.block_sparse and not (sparse and not key.deterministic and not key.causal
-                                 and not key.local and not key.varlen_q and not key.varlen_k):
-        raise ValueError("block_sparse: a backward of a dense call without causal, a window "
-                         "or deterministic walks a block mask's query tile lists")
+                                 and not key.local):
+        raise ValueError("block_sparse: a backward without causal, a window or "
+                         "deterministic walks a block mask's query tile lists")
     if key.capture_grads:
         captures = key.score_mod.captures if key.score_mod is not None else ()
         if any(not isinstance(slot, int) or not 0 <= slot < len(captures)

@@ -37,6 +37,13 @@ WHOLE_TILES = True
 # docs/perf/2026-12-07-h100-first-call/).
 WHOLE_TILES_BACKWARD = True
 
+# Whether forward_varlen and KV-cache calls take a block mask: its lists cut to each sequence
+# (`per_sequence`) and walked by the ragged and paged kernels as the dense ones walk them.
+# Built, compiled and resource-checked on the CPU (2026-12-08, when no GPU was lent); off,
+# such a call raises, until tests/test_mods_gpu.py's ragged and paged block-mask tests have
+# passed on a GPU.
+SEQUENCE_BLOCK_MASKS = False
+
 
 @dataclass(frozen=True)
 class BlockMask:
@@ -185,6 +192,47 @@ def exact_mask_mod(graph: ModGraph | None, block_size: tuple) -> ModGraph:
     if graph is not None:
         partial = Node("and", BOOL, (partial, graph.root))
     return ModGraph("mask_mod", Node("or", BOOL, (full, partial)), captures + (kinds,))
+
+
+def per_sequence(counts: torch.Tensor, indices: torch.Tensor, rows: torch.Tensor | int | None,
+                 listed: torch.Tensor | int | None) -> torch.Tensor:
+    """The counts of `kernel_blocks`' or `query_tiles`' lists (counts, indices) for a ragged
+    batch or a KV cache, whose sequences may be shorter than the mask: each list's row is a
+    tile of one side (a query tile in the forward's lists, a key tile in the backward's),
+    its entries tiles of the other. rows, listed: int (batch,), sequence b's tiles on each
+    side (`sequence_tiles`; an int: every sequence's; None: all the mask's). A row past its
+    sequence's tiles lists
+    nothing, and a row keeps its entries below the sequence's `listed` tiles: the first ones
+    of its ascending list, so that only its count changes (the kernels read no entry past
+    it), and its last tile is the one the sequence's end may cut (the first round, which
+    masks). int32 (batch, heads, rows), a new tensor; no host sync."""
+    count = counts
+    if listed is not None:
+        tile = kernel_tile(indices)[0]
+        entry = torch.arange(indices.shape[-1], device=indices.device)
+        inside = (entry < counts[..., None]) & (tile < _per_entry(listed, 3))
+        count = inside.sum(-1)
+    if rows is not None:
+        row = torch.arange(counts.shape[2], device=counts.device)
+        count = torch.where(row < _per_entry(rows, 2), count, 0)
+    return count.to(torch.int32).contiguous()
+
+
+def _per_entry(tiles, dims: int):
+    """tiles (batch,) shaped to broadcast over `dims` more dimensions; an int as it is."""
+    return tiles.reshape((-1,) + (1,) * dims) if isinstance(tiles, torch.Tensor) else tiles
+
+
+def sequence_tiles(cu_seqlens: torch.Tensor | None, tile: int, used: torch.Tensor | None = None,
+                   length: int | None = None) -> torch.Tensor | int | None:
+    """The tiles of `tile` positions each sequence of a ragged batch or KV cache spans: int
+    (batch,) from its used length (`used`, seqused_k), else from its cu_seqlens; else the
+    same for all, an int, from `length`; None where none is given."""
+    lengths = used if used is not None else (
+        None if cu_seqlens is None else cu_seqlens[1:] - cu_seqlens[:-1])
+    if lengths is None:
+        return None if length is None else -(-length // tile)
+    return (lengths.long() + tile - 1) // tile
 
 
 def _broadcast(counts: torch.Tensor, indices: torch.Tensor, batch: int, heads: int) -> tuple:

@@ -194,6 +194,10 @@ def _with_mods(key, f: ScoreFeatures):
         changes["tile"] = mods_tile(key, f.block_sparse)
         if changes["tile"].block_m % getattr(key, "pack_gqa", 1):
             changes["pack_gqa"] = 1
+    if f.block_sparse and hasattr(key, "page_prefetch"):
+        # a decode key: one query head per tile (its own lists), the pages of listed blocks
+        # looked up as each is loaded
+        changes.update(pack_gqa=1, page_prefetch=False)
     return dataclasses.replace(key, **changes)
 
 
@@ -245,8 +249,8 @@ def _decode(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
     # what decode_key reads of seqlen_q: whether the call is short, and which decode tile its
     # packed rows take
     route = (device.index, device.arch, call.dtype, call.head_dim, f.causal, f.local,
-             f.softcap > 0, f.score_mod, f.mask_mod, f.sinks, ragged_q, call.ragged_k,
-             call.seqlen_q <= DECODE_MAX_SEQLEN_Q,
+             f.softcap > 0, f.score_mod, f.mask_mod, f.sinks, f.block_sparse, ragged_q,
+             call.ragged_k, call.seqlen_q <= DECODE_MAX_SEQLEN_Q,
              decode_rows_class(call.head_dim, call.seqlen_q * group), group, call.page_size,
              call.seqused_k, over, compile)
     held = _DECODE.get(route)
@@ -262,7 +266,9 @@ def _decode(call: AttentionCall, device: Device, compile: bool) -> ForwardPlan:
     tiles, key_blocks = unsplit_grid(call, base)
     num_splits = call.num_splits
     if num_splits is None:
-        num_splits = 1 if call.seqlen_q > DECODE_MAX_SEQLEN_Q or ragged_q else \
+        # a block mask's lists are walked whole by one CTA (`api.mods` refuses num_splits > 1)
+        num_splits = 1 if call.seqlen_q > DECODE_MAX_SEQLEN_Q or ragged_q \
+            or f.block_sparse else \
             num_splits_heuristic(tiles, key_blocks, device.num_sms, ctas_per_sm)
     fused = num_splits > 1 and not ragged_q and decode_fused_merge(
         base, min(call.seqlen_q * base.pack_gqa, base.tile.block_m), tiles, device.num_sms)

@@ -78,8 +78,16 @@ def run_forward(call: AttentionCall, plan: ForwardPlan, q, k, v, out=None, *, cu
     f = call.features
     if f.block_sparse:
         tile = plan.key.tile
-        score_tensors = (score_tensors or ()) + block_mask.kernel_blocks(
-            tile.block_m, tile.block_n, call.batch, call.heads_q)
+        counts, indices = block_mask.kernel_blocks(tile.block_m, tile.block_n, call.batch,
+                                                   call.heads_q)
+        if ragged or call.seqused_k or call.page_size:
+            # each entry's query tiles visit its own keys (the mask may be made longer)
+            from ..mods.block_mask import per_sequence, sequence_tiles
+
+            counts = per_sequence(counts, indices, sequence_tiles(cu_seqlens_q, tile.block_m),
+                                  sequence_tiles(cu_seqlens_k, tile.block_n, seqused_k,
+                                                 call.seqlen_k))
+        score_tensors = (score_tensors or ()) + (counts, indices)
     if plan.num_splits == 1:
         args = ForwardArgs(q, k, v, out4, lse4, call.softmax_scale, call.causal_offset,
                            int(return_lse), f.window_left, f.window_right, f.softcap,

@@ -147,11 +147,15 @@ class FlashFwdBase:
 
     @cute.jit
     def _key_range(self, tile, seqlen: SeqlenInfo, causal_offset, window_left, window_right,
-                   num_splits=None) -> KeyRange:
+                   num_splits=None, score_tensors=None) -> KeyRange:
         """The key blocks tile's rows visit and the edges of their keys (`KeyRange`). With a
         window, the upper edge moves right by window_right and the lower one is window_left
         keys left of the diagonal; a ragged batch's query blocks past their entry's queries
-        visit none."""
+        visit none. With block_sparse (a ragged batch or a KV cache), those its block mask
+        lists, the lists cut to the entry's own blocks on the host
+        (`BlockMask.per_sequence`: a query block past its queries lists none)."""
+        if cutlass.const_expr(self.block_sparse):
+            return self._listed_range(tile, causal_offset, score_tensors)
         window_offset = None
         if cutlass.const_expr(self.local):
             window_offset = causal_offset - window_left
@@ -243,7 +247,8 @@ class FlashFwdBase:
                                mCuSeqlensQ, mCuSeqlensK)
         if cutlass.const_expr(self.varlen_q or self.varlen_k):
             causal_offset = seqlen.seqlen_k - seqlen.seqlen_q
-        keys = self._key_range(tile, seqlen, causal_offset, window_left, window_right)
+        keys = self._key_range(tile, seqlen, causal_offset, window_left, window_right,
+                               score_tensors=score_tensors)
         return tile, seqlen, keys
 
     def _tma_seqlen_q(self, tma_Q):
@@ -258,15 +263,20 @@ class FlashFwdBase:
 
     def _work(self, heads_q, heads_kv, seqlen: SeqlenInfo, causal_offset, score_tensors=None):
         """(tile, KeyRange) of this CTA, for the dense call without a window; with
-        block_sparse, the key blocks its block mask lists (the last two score tensors: the
-        counts, the indices)."""
+        block_sparse, the key blocks its block mask lists (`_listed_range`)."""
         tile = self.scheduler.tile(heads_q, heads_kv)
         if cutlass.const_expr(self.block_sparse):
-            counts, indices = score_tensors[-2], score_tensors[-1]
-            return tile, KeyRange(causal_offset, counts[tile.batch, tile.head, tile.m_block],
-                                  blocks=indices[tile.batch, tile.head, tile.m_block, None])
+            return tile, self._listed_range(tile, causal_offset, score_tensors)
         return tile, KeyRange(causal_offset,
                               self.block_info.n_block_max(seqlen, tile.m_block, causal_offset))
+
+    @staticmethod
+    def _listed_range(tile, causal_offset, score_tensors) -> KeyRange:
+        """The key blocks a block mask lists for tile (the last two score tensors: the counts,
+        the indices, `BlockMask.kernel_blocks`)."""
+        counts, indices = score_tensors[-2], score_tensors[-1]
+        return KeyRange(causal_offset, counts[tile.batch, tile.head, tile.m_block],
+                        blocks=indices[tile.batch, tile.head, tile.m_block, None])
 
     @staticmethod
     def listed_block(blocks, n_block):

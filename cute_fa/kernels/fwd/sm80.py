@@ -171,7 +171,7 @@ class FlashFwdSm80(FlashFwdBase):
                                   or self.varlen_k):
                 causal_offset = seqlen.seqlen_k - seqlen.seqlen_q  # bottom-right, per entry
             keys = self._key_range(tile, seqlen, causal_offset, window_left, window_right,
-                                   num_splits)
+                                   num_splits, score_tensors)
         n_block_min, n_block_max = keys.n_block_min, keys.n_block_max
         m_block, head, batch, head_kv = tile.m_block, tile.head, tile.batch, tile.head_kv
         n_rows = self.rows.count(seqlen.seqlen_q)
