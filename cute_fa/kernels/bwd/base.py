@@ -204,20 +204,11 @@ class FlashBwdBase:
                                 self.mask_mod, pre_scale, self.score_mod_grad, grad_mn,
                                 derivatives)
             else:
-                score_at, mask_at = mods.split_args(at, self.score_mod)
-                mods.apply_mods(acc_S_mn, coords, key0, _ROWS, seqlen, score_at, self.score_mod,
-                                None, pre_scale, self.score_mod_grad, grad_mn, derivatives)
-                self._mask_unless_whole(needs_mask, acc_S_mn, coords, key0, seqlen, mask_at)
+                mods.apply_mods_unless_whole(acc_S_mn, coords, key0, _ROWS, seqlen, at,
+                                             self.score_mod, self.mask_mod, pre_scale,
+                                             needs_mask, self.score_mod_grad, grad_mn,
+                                             derivatives)
         return grad, tuple(mn for _, mn in derivatives)
-
-    @cute.jit
-    def _mask_unless_whole(self, needs_mask, acc_S_mn, coords: mods.TileCoords, key0,
-                           seqlen: SeqlenInfo, mask_at: mods.ModArgs):
-        """The mask_mod over the tile, under a uniform branch: skipped where needs_mask is
-        False (a tile the block mask keeps whole)."""
-        if needs_mask:
-            mods.apply_mods(acc_S_mn, coords, key0, _ROWS, seqlen, mask_at, None, self.mask_mod,
-                            None)
 
     def _capture_grads(self, dS_mn, derivative_mns, coords: mods.TileCoords, key0,
                        seqlen: SeqlenInfo, batch, head, score_tensors):

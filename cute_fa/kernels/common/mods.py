@@ -163,6 +163,26 @@ def apply_mods(acc_S_mn: cute.Tensor, coords, key0, rows, seqlen, at: ModArgs, s
 
 
 @cute.jit
+def apply_mods_unless_whole(acc_S_mn: cute.Tensor, coords, key0, rows, seqlen, at: ModArgs,
+                            score_mod, mask_mod, pre_scale, needs_mask, score_grad=None,
+                            grad_mn: cute.Tensor = None, derivatives: tuple = ()):
+    """`apply_mods` on a block-sparse tile: the score_mod (and the backward's derivatives) on
+    every score, the mask_mod only where needs_mask, a block mask's list flag
+    (`kernels.sched.block_info.list_entry`: False on a tile every score of which the mask
+    keeps), under a uniform branch. Shared by the forward's and the backward's rounds.
+    needs_mask may be a function giving the flag, called after the score pass: the forward
+    reads its list entry there (where its kernels have always read it)."""
+    score_at, mask_at = split_args(at, score_mod)
+    if cutlass.const_expr(score_mod is not None):
+        apply_mods(acc_S_mn, coords, key0, rows, seqlen, score_at, score_mod, None, pre_scale,
+                   score_grad, grad_mn, derivatives)
+    if cutlass.const_expr(callable(needs_mask)):
+        needs_mask = needs_mask()
+    if needs_mask:
+        apply_mods(acc_S_mn, coords, key0, rows, seqlen, mask_at, None, mask_mod, None)
+
+
+@cute.jit
 def add_capture_grads(dS_mn: cute.Tensor, coords, key0, rows: cutlass.Constexpr, seqlen, at,
                       pairs: cutlass.Constexpr, derivative_mns, slots: cutlass.Constexpr, grads):
     """The backward's gradients of a score_mod's captured tensors: for each (load, d

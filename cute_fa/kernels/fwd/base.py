@@ -386,13 +386,9 @@ class FlashFwdBase:
         key0 = n_block * self.cfg.block_n + ctx.mask_at.col0
         if cutlass.const_expr(self.block_sparse and self.mask_mod is not None):
             # a block mask's full tiles keep every score: no mask_mod there
-            score_at, mask_at = mods.split_args(ctx.mods, self.score_mod)
-            if cutlass.const_expr(self.score_mod is not None):
-                mods.apply_mods(acc_S_mn, ctx.mask_at, key0, self.rows, ctx.seqlen, score_at,
-                                self.score_mod, None, ctx.pre_scale)
-            if self.listed_block(ctx.blocks, listed)[1]:
-                mods.apply_mods(acc_S_mn, ctx.mask_at, key0, self.rows, ctx.seqlen, mask_at,
-                                None, self.mask_mod, ctx.pre_scale)
+            mods.apply_mods_unless_whole(acc_S_mn, ctx.mask_at, key0, self.rows, ctx.seqlen,
+                                         ctx.mods, self.score_mod, self.mask_mod, ctx.pre_scale,
+                                         lambda: self.listed_block(ctx.blocks, listed)[1])
         elif cutlass.const_expr(self.has_mods):
             mods.apply_mods(acc_S_mn, ctx.mask_at, key0, self.rows, ctx.seqlen, ctx.mods,
                             self.score_mod, self.mask_mod, ctx.pre_scale)
