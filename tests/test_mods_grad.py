@@ -105,3 +105,78 @@ def test_capture_indexed_through_the_score_is_refused():
     with pytest.raises(ValueError, match="indexed through the score"):
         capture_derivatives(graph, (0,))
     assert capture_derivatives(graph, ()) == ()
+
+
+def test_chain_rule_constants_are_folded():
+    """softcap * tanh(score / softcap)'s derivative is the built-in softcap's 1 - t^2 itself:
+    the chain rule's constants (softcap, 1 / softcap) folded into one and dropped, not two
+    multiplies a score; a mod scaling the score keeps its one factor."""
+    from cute_fa.mods.graph import Node
+
+    graph, _ = trace_score_mod(lambda s, b, h, q, kv: torch.tanh(s / 20.0) * 20.0)
+    tanh = Node("tanh", "float", (Node("div", "float", (Node("score", "float"),
+                                                         Node("const", "float", value=20.0))),))
+    one = Node("const", "float", value=1.0)
+    assert score_derivative(graph).root == Node("sub", "float", (one, Node("mul", "float",
+                                                                           (tanh, tanh))))
+    graph, _ = trace_score_mod(lambda s, b, h, q, kv: 30.0 * torch.tanh(s * 0.5 / 30.0))
+    root = score_derivative(graph).root
+    assert root.op == "mul" and root.args[0] == Node("const", "float", value=0.5)
+
+
+@pytest.mark.parametrize("name", sorted(SCORES))
+def test_scaled_score_is_the_same_mod(name):
+    """`graph.scaled_score`: a mod and its derivative whose every use of the score is score *
+    c (or / c), rewritten to read the score in its place, give at score s * c what the
+    originals give at s; any other mod is left as it is (factor 1)."""
+    from cute_fa.mods.graph import scaled_score
+
+    graph, captured = trace_score_mod(SCORES[name])
+    derivative = score_derivative(graph)
+    factor, (mod2, derivative2) = scaled_score((graph, derivative))
+    gen = torch.Generator().manual_seed(9)
+    score = torch.randn(B, H, Q, K, dtype=torch.float64, generator=gen) * 4
+    index = dict(b=torch.arange(B)[:, None, None, None], h=torch.arange(H)[None, :, None, None],
+                 q_idx=torch.arange(Q)[None, None, :, None],
+                 kv_idx=torch.arange(K)[None, None, None, :])
+    if factor == 1.0:
+        assert (mod2, derivative2) == (graph, derivative)
+    for before, after in ((graph, mod2), (derivative, derivative2)):
+        want = evaluate(before, captured, score=score, **index)
+        got = evaluate(after, captured, score=score * factor, **index)
+        assert torch.allclose(torch.as_tensor(got, dtype=torch.float64),
+                              torch.as_tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+
+
+def test_softcap_mod_reads_a_scaled_score():
+    from cute_fa.mods.graph import scaled_score
+
+    graph, _ = trace_score_mod(lambda s, b, h, q, kv: torch.tanh(s / 20.0) * 20.0)
+    factor, (mod, derivative) = scaled_score((graph, score_derivative(graph)))
+    assert factor == 1.0 / 20.0
+    assert all(n.op != "div" for n in mod.nodes() + derivative.nodes())
+
+
+@pytest.mark.parametrize("name", sorted(SCORES))
+def test_kernel_logits_are_the_mods(name):
+    """What a kernel computes of a score_mod: the result without its positive constant
+    factor (`graph.root_factor`, which the softmax scale takes: `kernels.common.mods.
+    logit_factor`), from the score scaled by the constant it is only ever multiplied by
+    (`scaled_score`): their product is the mod's value, at every score."""
+    from cute_fa.mods.graph import root_factor, scaled_score
+
+    graph, captured = trace_score_mod(SCORES[name])
+    c, logit = root_factor(graph)
+    factor, (logit,) = scaled_score((logit,))
+    assert c > 0
+    gen = torch.Generator().manual_seed(11)
+    score = torch.randn(B, H, Q, K, dtype=torch.float64, generator=gen) * 4
+    index = dict(b=torch.arange(B)[:, None, None, None], h=torch.arange(H)[None, :, None, None],
+                 q_idx=torch.arange(Q)[None, None, :, None],
+                 kv_idx=torch.arange(K)[None, None, None, :])
+    want = torch.as_tensor(evaluate(graph, captured, score=score, **index), dtype=torch.float64)
+    got = c * torch.as_tensor(evaluate(logit, captured, score=score * factor, **index),
+                              dtype=torch.float64)
+    assert torch.allclose(got.expand_as(want), want, rtol=1e-12, atol=1e-12)
+    if name == "softcap":
+        assert c == 30.0 and factor == 1.0 / 30.0 and logit.root.op == "tanh"

@@ -98,3 +98,52 @@ def ordered(roots) -> list:
 def reads(roots, leaf: str) -> bool:
     """Whether the values `roots` depend on `leaf` ('score', 'b', 'h', 'q_idx' or 'kv_idx')."""
     return any(n.op == leaf for n in ordered(roots))
+
+
+def scaled_score(graphs: tuple) -> tuple:
+    """(c, the graphs rewritten) where every use of the score in `graphs` (score_mods: a mod
+    and its derivatives; None skipped) is score * c, c * score or score / c for one constant
+    c: each such product is then the score itself, which a kernel forms as S * (scale * c),
+    one multiply a score where it took two (softcap * tanh(score / softcap)). (1.0, graphs)
+    where the score is used otherwise, or not at all."""
+    nodes = ordered(tuple(g.root for g in graphs if g is not None))
+    users = [n for n in nodes if any(a.op == "score" for a in n.args)]
+    factors = {_score_factor(n) for n in users}
+    if not users or None in factors or len(factors) != 1 or any(
+            g is not None and g.root.op == "score" for g in graphs):
+        return 1.0, graphs
+    score = next(a for a in users[0].args if a.op == "score")
+    made: dict = {}
+    for node in nodes:
+        made[node] = score if node in users else Node(
+            node.op, node.kind, tuple(made[a] for a in node.args), node.value)
+    return factors.pop(), tuple(
+        None if g is None else ModGraph(g.role, made[g.root], g.captures) for g in graphs)
+
+
+def _score_factor(node: Node) -> float | None:
+    """c where node is score * c, c * score or score / c (c a nonzero constant), else None."""
+    a, b = (node.args + (None, None))[:2]
+    if node.op == "mul" and a is not None and b is not None:
+        if a.op == "score" and b.op == "const":
+            return float(b.value)
+        if b.op == "score" and a.op == "const":
+            return float(a.value)
+    if node.op == "div" and a is not None and a.op == "score" and b is not None \
+            and b.op == "const" and float(b.value) != 0.0:
+        return 1.0 / float(b.value)
+    return None
+
+
+def root_factor(graph: ModGraph) -> tuple:
+    """(c, the graph without it) where a score_mod's result is c * x or x * c for a positive
+    constant c (softcap * tanh(...)): a kernel then takes x as the logit and c into its
+    softmax's scale (as the built-in softcap takes its softcap), a multiply a score fewer;
+    (1.0, graph) otherwise. A positive c keeps a masked -inf where it is."""
+    root = graph.root
+    if root.op == "mul" and root.kind == FLOAT:
+        for i in (0, 1):
+            c, x = root.args[i], root.args[1 - i]
+            if c.op == "const" and x.kind == FLOAT and 0.0 < float(c.value) < float("inf"):
+                return float(c.value), ModGraph(graph.role, x, graph.captures)
+    return 1.0, graph

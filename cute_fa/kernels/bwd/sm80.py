@@ -151,7 +151,7 @@ class FlashBwdSm80(FlashBwdBase):
         cfg = self.cfg
         Storage = bwd_layouts.shared_storage(cfg)
         scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap,
-                                                 self.score_mod is not None)
+                                                 self.score_mod)
         keys = max_seqlen_k if cutlass.const_expr(self.varlen_k) else mK.shape[1]
         grid = (cute.ceil_div(keys, cfg.block_n), cute.size(mK.shape[2]),
                 cute.size(mCuSeqlensQ.shape[0] - 1 if cutlass.const_expr(self.varlen_q)

@@ -125,7 +125,7 @@ class FlashBwdSm90(PersistentTiles, FlashBwdBase):
                                                         kv_tile)
         Storage = bwd_wgmma.shared_storage(cfg, self.bars.count)
         scale_log2, softcap_scale = score_scales(self.softcap, softmax_scale, softcap,
-                                                 self.score_mod is not None)
+                                                 self.score_mod)
         keys = max_seqlen_k if cutlass.const_expr(self.varlen_k) else mK.shape[1]
         heads = mK.shape[2] * head_splits if cutlass.const_expr(self.kv_accum) else mK.shape[2]
         if cutlass.const_expr(self.persistent):

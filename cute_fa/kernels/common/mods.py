@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 
-from ...mods.graph import BOOL, COMPARISONS, FLOAT, INT, LEAVES, ordered, reads
+from ...mods.graph import (BOOL, COMPARISONS, FLOAT, INT, LEAVES, ordered, reads, root_factor,
+                           scaled_score)
 
 # a captured tensor's dtype (`Capture.dtype`, torch's name) as the kernel reads it: a bool
 # tensor as its bytes (torch stores a bool in one; the launch passes a uint8 view), nonzero
@@ -91,6 +92,14 @@ def emit_nodes(nodes: list, leaves: dict, captured: tuple) -> dict:
     return values
 
 
+def logit_factor(score_mod) -> float:
+    """What a kernel's softmax scale takes of the score_mod's result (`graph.root_factor`:
+    `apply_mods` leaves it out of the scores), 1 without a score_mod or FASTMATH."""
+    if score_mod is None or not FASTMATH:
+        return 1.0
+    return root_factor(score_mod)[0]
+
+
 @dataclass(frozen=True)
 class ModArgs:
     """What a tile's mods read besides the score: its batch entry, its (first) query head and
@@ -139,6 +148,15 @@ def apply_mods(acc_S_mn: cute.Tensor, coords, key0, rows, seqlen, at: ModArgs, s
     (graph, out_mn) of derivatives (`mods.grad.capture_derivatives`' graphs) into its out_mn."""
     clamp = reads_captures(score_mod) or reads_captures(mask_mod)
     score_at, mask_at = split_args(at, score_mod)
+    if score_mod is not None and FASTMATH:
+        # the result's constant factor is in the softmax's scale (`score_scale`), and a
+        # constant the score is only ever multiplied (or divided) by joins pre_scale
+        score_mod = root_factor(score_mod)[1]
+        factor, (score_mod, score_grad, *graphs) = scaled_score(
+            (score_mod, score_grad) + tuple(g for g, _ in derivatives))
+        derivatives = tuple((g, mn) for g, (_, mn) in zip(graphs, derivatives))
+        if factor != 1.0:
+            pre_scale = pre_scale * cutlass.Float32(factor)
     for r in range(len(coords.row_offsets)):
         row = coords.query0 + coords.row_offsets[r]
         q_idx = rows.query(row)

@@ -24,15 +24,18 @@ LN2 = math.log(2.0)
 LOG2_E = math.log2(math.e)  # the kernels pass softmax_scale * LOG2_E as scale_log2
 
 
-def score_scales(has_softcap: bool, softmax_scale, softcap, has_score_mod: bool = False) -> tuple:
+def score_scales(has_softcap: bool, softmax_scale, softcap, score_mod=None) -> tuple:
     """(scale_log2 of the softmax, the scores' pre-scale or None), for every kernel that
     computes the softmax's weights: with a softcap the scores are tanh(S * softmax_scale /
-    softcap) and the softmax scale softcap * log2(e); with a score_mod they are
-    score_mod(S * softmax_scale, ...) and the softmax scale log2(e)."""
+    softcap) and the softmax scale softcap * log2(e); with a score_mod (its graph) they are
+    score_mod(S * softmax_scale, ...) but for the constant factor of its result, which the
+    softmax scale takes instead, log2(e) times it (`mods.logit_factor`; 1 for most mods)."""
     if has_softcap:
         return softcap * LOG2_E, softmax_scale / softcap
-    if has_score_mod:
-        return cutlass.Float32(LOG2_E), softmax_scale
+    if score_mod is not None:
+        from .mods import logit_factor
+
+        return cutlass.Float32(LOG2_E * logit_factor(score_mod)), softmax_scale
     return softmax_scale * LOG2_E, None
 
 

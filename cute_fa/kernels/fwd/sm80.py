@@ -126,7 +126,7 @@ class FlashFwdSm80(FlashFwdBase):
         sKV_layout = smem.smem_layout_kv(cfg, self.kv_stages)
         SharedStorage = smem.shared_storage(cfg, self.kv_stages)
         scale_log2, pre_scale = score_scales(self.softcap, softmax_scale, softcap,
-                                             self.score_mod is not None)
+                                             self.score_mod)
         grid = self._grid(mQ, mCuSeqlensQ, max_seqlen_q, num_splits)
         self._launch(self.kernel(mQ, mK, mV, mO, mLSE, scale_log2, causal_offset,
                                  write_lse, sQ_layout, sKV_layout, SharedStorage, mSeqUsedK,

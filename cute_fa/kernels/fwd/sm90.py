@@ -106,7 +106,7 @@ class FlashFwdSm90(FlashFwdBase):
         Storage = smem.shared_storage(cfg, self.kv_stages, self.bars.count,
                                       separate_o=bool(self.persistent))
         scale_log2, pre_scale = score_scales(self.softcap, softmax_scale, softcap,
-                                             self.score_mod is not None)
+                                             self.score_mod)
         if cutlass.const_expr(self.persistent):
             grid = self.tiles.grid(mQ.shape[1], mQ.shape[2], mQ.shape[0])
         else:
