@@ -90,6 +90,14 @@ def resolve_backend(arch: str, backend: str, head_dim: int, causal: bool) -> str
     return backend
 
 
+# Whether a ragged batch's tiles start most work first, heads fastest (`KernelKey.varlen_order`,
+# the list from `runtime.ragged_order`), instead of entry after entry (and under causal each
+# entry's longest query blocks first, `lpt`). Built and compiled on the CPU (2026-12-08, when
+# no GPU was lent), not yet timed: off until docs/perf/2026-12-08-cpu-masks-mods/
+# ab_varlen_order.py measures it.
+VARLEN_ORDER = False
+
+
 def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str = "auto",
                lazy_rescale: bool = True, tile_arch: str | None = None, *,
                local: bool = False, softcap: bool = False, varlen: bool = False,
@@ -120,7 +128,9 @@ def kernel_key(arch: str, dtype: str, head_dim: int, causal: bool, backend: str 
                                      (local, softcap, varlen)), backend)
     backend = resolve_backend(tiles, backend, head_dim, causal)
     _require_support(backend, arch)  # the forced arch may have TMA where this one has not
-    features = dict(local=local, softcap=softcap, varlen_q=varlen, varlen_k=varlen, lpt=causal)
+    ordered = varlen and VARLEN_ORDER  # a ragged batch's tiles most work first, not lpt's
+    features = dict(local=local, softcap=softcap, varlen_q=varlen, varlen_k=varlen,
+                    lpt=causal and not ordered, varlen_order=ordered)
     if backend == "sm90":  # its own tiles, no feature or small-grid tiles; persistent if plain
         plain = not (local or softcap or varlen)
         return sm90_key(arch, dtype, head_dim, causal,

@@ -24,6 +24,9 @@ class KernelKey:
     through softcap * tanh(. / softcap); varlen_q / varlen_k: Q (and O, LSE) / K and V are
     ragged batches packed end to end, entry b's rows starting at cu_seqlens[b]; lpt: causal
     query blocks start longest first across heads (`kernels.sched.tile_scheduler.SingleTileScheduler`).
+    varlen_order (a ragged Q): the CTAs take a ragged batch's tiles (entry, query block) in
+    the order a list from the host gives (`runtime.ragged_order`: most key blocks first),
+    heads fastest, instead of entry by entry.
     score_mod / mask_mod: a traced mod (`cute_fa.mods.ModGraph`, equal for equal graphs
     whatever the captured tensors hold) run on every score (`kernels/common/mods.py`); sinks:
     one more logit per query head in every row's softmax, of a key with value 0 (gpt-oss's
@@ -48,6 +51,7 @@ class KernelKey:
     mask_mod: object = None
     sinks: bool = False
     block_sparse: bool = False
+    varlen_order: bool = False
     backend: ClassVar[str] = ""
 
     @property
@@ -82,6 +86,17 @@ class KernelKey:
                              "split-KV or page_prefetch")
 
 
+def _check_order(key: KernelKey) -> None:
+    """varlen_order: a ragged Q's tiles in a list's order, one CTA each, one query head each,
+    its whole key range (`SingleTileScheduler`)."""
+    if key.varlen_order and not (key.varlen_q and not key.lpt
+                                 and getattr(key, "pack_gqa", 1) == 1
+                                 and not getattr(key, "split_kv", False)
+                                 and not getattr(key, "persistent", 0)):
+        raise ValueError("varlen_order orders a ragged Q's tiles: it needs varlen_q, and no "
+                         "lpt, GQA packing, split-KV or persistence")
+
+
 def _check_persistent(persistent) -> None:
     """A persistent key's CTA count: 0 (one CTA per tile) or a positive int."""
     if isinstance(persistent, bool) or not isinstance(persistent, int) or persistent < 0:
@@ -112,6 +127,7 @@ class Sm80Key(KernelKey):
 
     def __post_init__(self):
         self._check_mods()
+        _check_order(self)
         if self.kv_stages == 1 or self.kv_stages < 0:
             raise ValueError(f"kv_stages must be 0 or at least 2, got {self.kv_stages}")
         if self.pack_gqa < 1:
@@ -149,6 +165,7 @@ class TmaKey(KernelKey):
 
     def __post_init__(self):
         self._check_mods()
+        _check_order(self)
         _check_persistent(self.persistent)
         if self.persistent and (self.varlen_q or self.varlen_k):
             raise ValueError("persistent loops over the tiles of a dense call: not with a "
@@ -186,6 +203,7 @@ class Sm90Key(KernelKey):
 
     def __post_init__(self):
         self._check_mods()
+        _check_order(self)
         _check_persistent(self.persistent)
         if self.persistent and (self.varlen_q or self.varlen_k or not self.tma_store):
             raise ValueError("persistent loops over the tiles of a dense call (one TMA store "

@@ -45,7 +45,8 @@ def _args(*specs) -> tuple:
 # the ragged batch's cu_seqlens int32 (batch + 1,) and longest query with a ragged batch, the
 # tensors a key's scores read ("score_tensors": a tuple of its mods' captured tensors, any
 # strides, then the float32 sink logits (heads_q,), then a block mask's int32 counts (batch,
-# heads, query blocks) and indices (..., key blocks), `KernelKey.has_score_tensors`),
+# heads, query blocks) and indices (..., key blocks), `KernelKey.has_score_tensors`), a ragged
+# Q's tile order int32 (entries x query blocks,) with varlen_order (`runtime.ragged_order`),
 # and the cp.async kernel's decode arguments (seqused_k int32 (batch,), page_table int32
 # (batch, pages per sequence), the split count; with fused_merge the call's own O and LSE,
 # whether to write that LSE, and int32 counters, one per query block) with their key fields.
@@ -58,7 +59,8 @@ _FORWARD = (("q", "qkvo"), ("k", "qkvo"), ("v", "qkvo"), ("out", "out"), ("lse",
             ("cu_seqlens_q", "int32_vector", ("varlen_q",)),
             ("cu_seqlens_k", "int32_vector", ("varlen_k",)),
             ("max_seqlen_q", "int32", ("varlen_q",)),
-            ("score_tensors", "score_tensors", ("has_score_tensors",)))
+            ("score_tensors", "score_tensors", ("has_score_tensors",)),
+            ("tile_order", "int32_vector", ("varlen_order",)))
 FORWARD_ARGUMENTS = _args(*_FORWARD)
 # the wgmma kernel's, then a persistent grid's shared tile counter (int32 (1,)) where its
 # CTAs take tiles as they finish (`Sm90Key.dynamic_tiles`)

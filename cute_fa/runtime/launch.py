@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 
 class ForwardArgs(NamedTuple):
-    """The forward kernels' (sm80's; the TMA kernel takes the first 15, the wgmma kernel
+    """The forward kernels' (sm80's; the TMA kernel takes the first 16, the wgmma kernel
     `Sm90Args`)."""
 
     q: object
@@ -28,6 +28,7 @@ class ForwardArgs(NamedTuple):
     cu_seqlens_k: object = None
     max_seqlen_q: int | None = None
     score_tensors: tuple | None = None
+    tile_order: object = None
     seqused_k: object = None
     page_table: object = None
     num_splits: int | None = None
@@ -37,10 +38,10 @@ class ForwardArgs(NamedTuple):
     split_counters: object = None
 
 
-# the wgmma kernel's: the first 15 of ForwardArgs (no decode arguments), then a persistent
+# the wgmma kernel's: the first 16 of ForwardArgs (no decode arguments), then a persistent
 # grid's tile counter
-Sm90Args = namedtuple("Sm90Args", ForwardArgs._fields[:15] + ("tile_counter",),
-                      defaults=(None,) * 8)
+Sm90Args = namedtuple("Sm90Args", ForwardArgs._fields[:16] + ("tile_counter",),
+                      defaults=(None,) * 9)
 
 
 class MergeArgs(NamedTuple):

@@ -88,13 +88,20 @@ def run_forward(call: AttentionCall, plan: ForwardPlan, q, k, v, out=None, *, cu
                                   sequence_tiles(cu_seqlens_k, tile.block_n, seqused_k,
                                                  call.seqlen_k))
         score_tensors = (score_tensors or ()) + (counts, indices)
+    order = None
+    if plan.key.varlen_order:  # the ragged batch's tiles, most work first
+        from .ragged_order import ragged_order
+
+        tile = plan.key.tile
+        order = ragged_order(cu_seqlens_q, cu_seqlens_k, seqused_k, call.seqlen_k,
+                             call.seqlen_q, tile.block_m, tile.block_n, f.causal)
     if plan.num_splits == 1:
         args = ForwardArgs(q, k, v, out4, lse4, call.softmax_scale, call.causal_offset,
                            int(return_lse), f.window_left, f.window_right, f.softcap,
-                           cu_seqlens_q, cu_seqlens_k, call.seqlen_q, score_tensors,
+                           cu_seqlens_q, cu_seqlens_k, call.seqlen_q, score_tensors, order,
                            seqused_k=seqused_k, page_table=page_table)
         if plan.key.backend == "sm90":
-            args = Sm90Args(*args[:15], tile_counter=tile_counter(call.device_index)
+            args = Sm90Args(*args[:16], tile_counter=tile_counter(call.device_index)
                             if plan.key.dynamic_tiles else None)
         launch(call.device_index, plan.kernel, for_kernel(args, plan.used))
         return out, lse

@@ -133,7 +133,7 @@ class FlashFwdBase:
         self.block_sparse = key.block_sparse
         self.rows = QueryRows(self.group)
         self.scheduler = SingleTileScheduler(cfg.block_m, key.causal, self.group, self.split_kv,
-                                             key.lpt)
+                                             key.lpt, key.varlen_order)
         self.block_info = BlockInfo(cfg.block_m, cfg.block_n, key.causal, self.group, key.local)
         self.mask_steps = self.block_info.masked_rounds()
 
@@ -234,15 +234,16 @@ class FlashFwdBase:
         return i < self.mask_steps
 
     def _tma_work(self, tma_Q, tma_K, causal_offset, mCuSeqlensQ, mCuSeqlensK, window_left,
-                  window_right, score_tensors=None) -> tuple:
+                  window_right, score_tensors=None, mTileOrder=None) -> tuple:
         """(tile, SeqlenInfo, KeyRange) of this CTA for a kernel whose Q and K are TMA tensors
-        ((seqlen, head_dim, heads, batch)); in a ragged batch causal is bottom-right per entry."""
+        ((seqlen, head_dim, heads, batch)); in a ragged batch causal is bottom-right per entry,
+        and with varlen_order the tile is mTileOrder's (`SingleTileScheduler.tile`)."""
         if cutlass.const_expr(not (self.varlen_q or self.varlen_k or self.local)):
             seqlen = SeqlenInfo(self._tma_seqlen_q(tma_Q), tma_K.shape[0])
             tile, keys = self._work(tma_Q.shape[2], tma_K.shape[2], seqlen, causal_offset,
                                     score_tensors)
             return tile, seqlen, keys
-        tile = self.scheduler.tile(tma_Q.shape[2], tma_K.shape[2])
+        tile = self.scheduler.tile(tma_Q.shape[2], tma_K.shape[2], order=mTileOrder)
         seqlen = SeqlenInfo.of(tile.batch, self._tma_seqlen_q(tma_Q), tma_K.shape[0],
                                mCuSeqlensQ, mCuSeqlensK)
         if cutlass.const_expr(self.varlen_q or self.varlen_k):

@@ -114,7 +114,7 @@ class FlashFwdSm80(FlashFwdBase):
                  window_right: Optional[cutlass.Int32], softcap: Optional[cutlass.Float32],
                  mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
                  max_seqlen_q: Optional[cutlass.Int32], score_tensors: Optional[tuple],
-                 mSeqUsedK: Optional[cute.Tensor],
+                 mTileOrder: Optional[cute.Tensor], mSeqUsedK: Optional[cute.Tensor],
                  mPageTable: Optional[cute.Tensor], num_splits: Optional[cutlass.Int32],
                  mOMerged: Optional[cute.Tensor], mLSEMerged: Optional[cute.Tensor],
                  write_merged_lse: Optional[cutlass.Int32],
@@ -132,7 +132,7 @@ class FlashFwdSm80(FlashFwdBase):
                                  write_lse, sQ_layout, sKV_layout, SharedStorage, mSeqUsedK,
                                  mPageTable, num_splits, mCuSeqlensQ, mCuSeqlensK, window_left,
                                  window_right, pre_scale, mOMerged, mLSEMerged,
-                                 write_merged_lse, mSplitCounters, score_tensors),
+                                 write_merged_lse, mSplitCounters, score_tensors, mTileOrder),
                      grid, SharedStorage, stream)
 
     @cute.kernel
@@ -146,7 +146,8 @@ class FlashFwdSm80(FlashFwdBase):
                window_right: Optional[cutlass.Int32], pre_scale: Optional[cutlass.Float32],
                mOMerged: Optional[cute.Tensor], mLSEMerged: Optional[cute.Tensor],
                write_merged_lse: Optional[cutlass.Int32],
-               mSplitCounters: Optional[cute.Tensor], score_tensors: Optional[tuple]):
+               mSplitCounters: Optional[cute.Tensor], score_tensors: Optional[tuple],
+               mTileOrder: Optional[cute.Tensor]):
         cfg = self.cfg
         bm, bn, dp = cfg.block_m, cfg.block_n, cfg.head_dim_padded
         tidx, _, _ = cute.arch.thread_idx()
@@ -161,7 +162,7 @@ class FlashFwdSm80(FlashFwdBase):
             batch_size = mQ.shape[0]
             if cutlass.const_expr(self.varlen_q):
                 batch_size = mCuSeqlensQ.shape[0] - 1
-            tile = self.scheduler.tile(mQ.shape[2], mK.shape[2], batch_size)
+            tile = self.scheduler.tile(mQ.shape[2], mK.shape[2], batch_size, mTileOrder)
             seqlen_k = mK.shape[1]
             if cutlass.const_expr(self.page_size > 0):
                 seqlen_k = mPageTable.shape[1] * self.page_size

@@ -88,7 +88,7 @@ class FlashFwdSm90(FlashFwdBase):
                  window_right: Optional[cutlass.Int32], softcap: Optional[cutlass.Float32],
                  mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
                  max_seqlen_q: Optional[cutlass.Int32], score_tensors: Optional[tuple],
-                 mTileCounter: Optional[cute.Tensor],
+                 mTileOrder: Optional[cute.Tensor], mTileCounter: Optional[cute.Tensor],
                  stream):
         """The optional arguments are those the key asks for (`compile.registry`), None
         elsewhere."""
@@ -116,7 +116,7 @@ class FlashFwdSm90(FlashFwdBase):
                                  write_lse,
                                  sQ_layout, sKV_layout, Storage, mCuSeqlensQ, mCuSeqlensK,
                                  window_left, window_right,
-                                 pre_scale, mTileCounter, score_tensors),
+                                 pre_scale, mTileCounter, score_tensors, mTileOrder),
                      grid, Storage, stream, threads=self.roles.threads)
 
     @cute.kernel
@@ -129,7 +129,8 @@ class FlashFwdSm90(FlashFwdBase):
                Storage: cutlass.Constexpr, mCuSeqlensQ: Optional[cute.Tensor],
                mCuSeqlensK: Optional[cute.Tensor], window_left: Optional[cutlass.Int32],
                window_right: Optional[cutlass.Int32], pre_scale: Optional[cutlass.Float32],
-               mTileCounter: Optional[cute.Tensor], score_tensors: Optional[tuple]):
+               mTileCounter: Optional[cute.Tensor], score_tensors: Optional[tuple],
+               mTileOrder: Optional[cute.Tensor]):
         if cutlass.const_expr(self.persistent):
             self._persistent(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V,
                              tma_atom_O, tma_O, mLSE, scale_log2, causal_offset, write_lse,
@@ -139,13 +140,13 @@ class FlashFwdSm90(FlashFwdBase):
             self._single(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O,
                          tma_O, mO, mLSE, scale_log2, causal_offset, write_lse, sQ_layout,
                          sKV_layout, Storage, mCuSeqlensQ, mCuSeqlensK, window_left,
-                         window_right, pre_scale, score_tensors)
+                         window_right, pre_scale, score_tensors, mTileOrder)
 
     @cute.jit
     def _single(self, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, tma_atom_O,
                 tma_O, mO, mLSE, scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout,
                 Storage, mCuSeqlensQ, mCuSeqlensK, window_left, window_right, pre_scale,
-                score_tensors):
+                score_tensors, mTileOrder=None):
         """One CTA, one tile (`SingleTileScheduler`)."""
         cfg = self.cfg
         bars = self.bars
@@ -153,7 +154,7 @@ class FlashFwdSm90(FlashFwdBase):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tile, seqlen, keys = self._tma_work(tma_Q, tma_K, causal_offset, mCuSeqlensQ,
                                             mCuSeqlensK, window_left, window_right,
-                                            score_tensors)
+                                            score_tensors, mTileOrder)
         n_rounds = self._n_rounds(keys.n_block_max, keys.n_block_min)
         storage, mbar = self._shared(Storage, warp)
 

@@ -102,7 +102,8 @@ class FlashFwdTma(FlashFwdBase):
                  write_lse: cutlass.Int32, window_left: Optional[cutlass.Int32],
                  window_right: Optional[cutlass.Int32], softcap: Optional[cutlass.Float32],
                  mCuSeqlensQ: Optional[cute.Tensor], mCuSeqlensK: Optional[cute.Tensor],
-                 max_seqlen_q: Optional[cutlass.Int32], score_tensors: Optional[tuple], stream):
+                 max_seqlen_q: Optional[cutlass.Int32], score_tensors: Optional[tuple],
+                 mTileOrder: Optional[cute.Tensor], stream):
         """The optional arguments are those the key asks for (`compile.registry`), None
         elsewhere."""
         cfg = self.cfg
@@ -122,7 +123,7 @@ class FlashFwdTma(FlashFwdBase):
                                  mLSE, scale_log2, causal_offset, write_lse,
                                  sQ_layout, sKV_layout, Storage, mCuSeqlensQ, mCuSeqlensK,
                                  window_left, window_right,
-                                 pre_scale, score_tensors),
+                                 pre_scale, score_tensors, mTileOrder),
                      grid, Storage, stream)
 
     @cute.kernel
@@ -134,7 +135,7 @@ class FlashFwdTma(FlashFwdBase):
                Storage: cutlass.Constexpr, mCuSeqlensQ: Optional[cute.Tensor],
                mCuSeqlensK: Optional[cute.Tensor], window_left: Optional[cutlass.Int32],
                window_right: Optional[cutlass.Int32], pre_scale: Optional[cutlass.Float32],
-               score_tensors: Optional[tuple]):
+               score_tensors: Optional[tuple], mTileOrder: Optional[cute.Tensor]):
         if cutlass.const_expr(self.persistent):
             self._persistent(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
                              scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout,
@@ -143,19 +144,20 @@ class FlashFwdTma(FlashFwdBase):
             self._single(tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
                          scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout, Storage,
                          mCuSeqlensQ, mCuSeqlensK, window_left, window_right, pre_scale,
-                         score_tensors)
+                         score_tensors, mTileOrder)
 
     @cute.jit
     def _single(self, tma_atom_Q, tma_Q, tma_atom_K, tma_K, tma_atom_V, tma_V, mO, mLSE,
                 scale_log2, causal_offset, write_lse, sQ_layout, sKV_layout, Storage,
-                mCuSeqlensQ, mCuSeqlensK, window_left, window_right, pre_scale, score_tensors):
+                mCuSeqlensQ, mCuSeqlensK, window_left, window_right, pre_scale, score_tensors,
+                mTileOrder=None):
         """One CTA, one tile (`SingleTileScheduler`)."""
         cfg = self.cfg
         stages = self.kv_stages
         tidx, _, _ = cute.arch.thread_idx()
         tile, seqlen, keys = self._tma_work(tma_Q, tma_K, causal_offset, mCuSeqlensQ,
                                             mCuSeqlensK, window_left, window_right,
-                                            score_tensors)
+                                            score_tensors, mTileOrder)
         n_block_max = keys.n_block_max
         n_rounds = self._n_rounds(n_block_max, keys.n_block_min)
 

@@ -10,6 +10,10 @@ import cutlass.cute as cute
 
 from .seqlen import QueryRows
 
+# a ragged batch's tile list packs (entry, query block) as entry << BLOCK_BITS | block
+# (`runtime.ragged_order`, which imports no DSL and says the same)
+BLOCK_BITS = 16
+
 
 @dataclass(frozen=True)
 class WorkTile:
@@ -36,16 +40,21 @@ class SingleTileScheduler:
     CTAs in x-fastest order, starts every head's longest query blocks before any head's
     shorter ones (without it, only within a head); with GQA packing the x is the K/V head.
     With split-KV the grid's z is split * batch + batch entry, the index of the CTA's partial
-    outputs."""
+    outputs. ordered (a ragged Q, `KernelKey.varlen_order`): the grid's x is the head and y
+    a place in a list of the batch's (entry, query block) tiles, most work first
+    (`runtime.ragged_order`), so every head of a tile starts before the next tile."""
 
     block_m: int
     causal: bool
     group: int = 1
     split_kv: bool = False
     lpt: bool = False
+    ordered: bool = False
 
     def grid(self, seqlen_q, heads_q, batch, num_splits=None) -> tuple:
         """The launch grid (host side, while the kernel is traced)."""
+        if self.ordered:  # every (entry, query block) of the longest entry's extent
+            return (cute.size(heads_q), cute.ceil_div(seqlen_q, self.block_m) * batch, 1)
         if self.lpt:
             if self.group > 1:
                 return (cute.size(heads_q // self.group),
@@ -59,9 +68,15 @@ class SingleTileScheduler:
         z = batch * num_splits if self.split_kv else batch
         return (cute.ceil_div(rows, self.block_m), cute.size(heads), cute.size(z))
 
-    def tile(self, heads_q, heads_kv, batch_size=None) -> WorkTile:
+    def tile(self, heads_q, heads_kv, batch_size=None, order=None) -> WorkTile:
         """This CTA's tile. Under GQA/MQA heads_q / heads_kv consecutive query heads read one
-        K/V head; packed, the grid's y is that K/V head."""
+        K/V head; packed, the grid's y is that K/V head. order: the ordered grid's list of
+        tiles, each entry << BLOCK_BITS | query block (`runtime.ragged_order`)."""
+        if self.ordered:
+            head, place, _ = cute.arch.block_idx()
+            packed = order[place]
+            return WorkTile(packed & ((1 << BLOCK_BITS) - 1), head, packed >> BLOCK_BITS,
+                            head // (heads_q // heads_kv))
         if self.lpt:
             head, m_block, batch = cute.arch.block_idx()
             m_block = cute.arch.grid_dim()[1] - 1 - m_block
