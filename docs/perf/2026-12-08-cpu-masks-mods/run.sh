@@ -7,7 +7,8 @@
 #                  tests whose kernels changed (score_mods: their derivatives' and the score's
 #                  folded constants), the block-mask tests (a shared helper, PTX unchanged)
 #   run.sh bench   the softcap score_mod's backward against the built-in softcap and
-#                  FlexAttention (its constants folded), and the window backward's head splits
+#                  FlexAttention (its constants folded), the window backward's head splits, and
+#                  a ragged batch's tile order (tuning.VARLEN_ORDER turns on where it wins)
 set -uo pipefail
 if [ "$1" = check ]; then
   bash .devpkgs/a2/install.sh && bash .devpkgs/b/install.sh || exit 1
@@ -18,7 +19,8 @@ nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > "$OUT"/env
 case $1 in
   check)
     timeout 300 python -m pytest -q -p no:cacheprovider -n 8 -rfE \
-      tests/test_block_mask_ragged_gpu.py > "$OUT"/ragged_block_mask_gpu.log 2>&1
+      tests/test_block_mask_ragged_gpu.py tests/test_ragged_order_gpu.py \
+      > "$OUT"/ragged_block_mask_gpu.log 2>&1
     grep -E "^(FAILED|ERROR)" "$OUT"/ragged_block_mask_gpu.log | head -20
     tail -1 "$OUT"/ragged_block_mask_gpu.log
     timeout 250 python -m pytest -q -p no:cacheprovider -n 8 -rfE tests/test_mods_gpu.py \
@@ -32,6 +34,9 @@ case $1 in
     tail -c 2000 "$OUT"/bench_mods_bwd_softcap.log
     timeout 200 python docs/perf/2026-12-07-cpu-window-bwd/ab_window_splits.py "$OUT" \
       4096,16384 > "$OUT"/ab_window_splits.log 2>&1
-    tail -c 2000 "$OUT"/ab_window_splits.log ;;
+    tail -c 2000 "$OUT"/ab_window_splits.log
+    timeout 240 python docs/perf/2026-12-08-cpu-masks-mods/ab_varlen_order.py "$OUT" \
+      > "$OUT"/ab_varlen_order.log 2>&1
+    tail -c 3000 "$OUT"/ab_varlen_order.log ;;
 esac
 true
