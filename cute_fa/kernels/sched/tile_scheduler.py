@@ -40,9 +40,10 @@ class SingleTileScheduler:
     CTAs in x-fastest order, starts every head's longest query blocks before any head's
     shorter ones (without it, only within a head); with GQA packing the x is the K/V head.
     With split-KV the grid's z is split * batch + batch entry, the index of the CTA's partial
-    outputs. ordered (a ragged Q, `KernelKey.varlen_order`): the grid's x is the head and y
-    a place in a list of the batch's (entry, query block) tiles, most work first
-    (`runtime.ragged_order`), so every head of a tile starts before the next tile."""
+    outputs. ordered (a ragged Q, `KernelKey.varlen_order`): the grid's x is place * heads +
+    head, the place in a list of the batch's (entry, query block) tiles, most work first
+    (`runtime.ragged_order`), so every head of a tile starts before the next tile (one
+    dimension: a grid's y and z stop at 65535, a long batch's tiles would not)."""
 
     block_m: int
     causal: bool
@@ -54,7 +55,7 @@ class SingleTileScheduler:
     def grid(self, seqlen_q, heads_q, batch, num_splits=None) -> tuple:
         """The launch grid (host side, while the kernel is traced)."""
         if self.ordered:  # every (entry, query block) of the longest entry's extent
-            return (cute.size(heads_q), cute.ceil_div(seqlen_q, self.block_m) * batch, 1)
+            return (cute.ceil_div(seqlen_q, self.block_m) * batch * heads_q, 1, 1)
         if self.lpt:
             if self.group > 1:
                 return (cute.size(heads_q // self.group),
@@ -73,8 +74,8 @@ class SingleTileScheduler:
         K/V head; packed, the grid's y is that K/V head. order: the ordered grid's list of
         tiles, each entry << BLOCK_BITS | query block (`runtime.ragged_order`)."""
         if self.ordered:
-            head, place, _ = cute.arch.block_idx()
-            packed = order[place]
+            cta, _, _ = cute.arch.block_idx()
+            head, packed = cta % heads_q, order[cta // heads_q]
             return WorkTile(packed & ((1 << BLOCK_BITS) - 1), head, packed >> BLOCK_BITS,
                             head // (heads_q // heads_kv))
         if self.lpt:
