@@ -149,7 +149,7 @@ def apply_mods(acc_S_mn: cute.Tensor, coords, key0, rows, seqlen, at: ModArgs, s
     clamp = reads_captures(score_mod) or reads_captures(mask_mod)
     score_at, mask_at = split_args(at, score_mod)
     if score_mod is not None and FASTMATH:
-        # the result's constant factor is in the softmax's scale (`score_scale`), and a
+        # the result's constant factor is in the softmax's scale (`softmax.score_scales`), and a
         # constant the score is only ever multiplied (or divided) by joins pre_scale
         score_mod = root_factor(score_mod)[1]
         factor, (score_mod, score_grad, *graphs) = scaled_score(

@@ -8,7 +8,8 @@
 #                  folded constants), the block-mask tests (a shared helper, PTX unchanged)
 #   run.sh bench   the softcap score_mod's backward against the built-in softcap and
 #                  FlexAttention (its constants folded), the window backward's head splits, and
-#                  a ragged batch's tile order (tuning.VARLEN_ORDER turns on where it wins)
+#                  a ragged batch's tile order (tuning.VARLEN_ORDER turns on where it wins),
+#                  a block mask's backward with causal's head splits
 set -uo pipefail
 if [ "$1" = check ]; then
   bash .devpkgs/a2/install.sh && bash .devpkgs/b/install.sh || exit 1
@@ -37,6 +38,9 @@ case $1 in
     tail -c 2000 "$OUT"/ab_window_splits.log
     timeout 240 python docs/perf/2026-12-08-cpu-masks-mods/ab_varlen_order.py "$OUT" \
       > "$OUT"/ab_varlen_order.log 2>&1
-    tail -c 3000 "$OUT"/ab_varlen_order.log ;;
+    tail -c 3000 "$OUT"/ab_varlen_order.log
+    timeout 150 python docs/perf/2026-12-08-cpu-masks-mods/ab_block_mask_splits.py "$OUT" \
+      4096,16384 > "$OUT"/ab_block_mask_splits.log 2>&1
+    tail -c 2000 "$OUT"/ab_block_mask_splits.log ;;
 esac
 true
