@@ -161,6 +161,28 @@ def test_paged_block_mask_plans_cut_lists(launches, on):
                                             [1, 1], [-(-1000 // block_n), -(-70 // block_n)]))
 
 
+def test_ragged_paged_block_mask_plans_cut_lists(launches, on):
+    """forward_varlen against a paged cache (chunked prefill): each entry's query tiles from
+    cu_seqlens_q, its keys from seqused_k, its lists cut to both."""
+    recorded, _ = launches
+    lens_q, used = [5, 130, 0], [1000, 64, 300]
+    q = torch.randn(sum(lens_q), 4, 64, dtype=torch.bfloat16)
+    cache = torch.randn(24, 128, 2, 64, dtype=torch.bfloat16)
+    table = torch.arange(24, dtype=torch.int32).view(3, 8)
+    bm = create_block_mask(lambda b, h, qi, kv: (kv + qi) % 5 != h, 3, 4, 130, 1024)
+    cute_fa.forward_varlen(q, cache, cache, cu_seqlens(lens_q), None, 130, 1024,
+                           page_table=table, seqused_k=torch.tensor(used, dtype=torch.int32),
+                           block_mask=bm)
+    (key, args), = recorded
+    assert key.backend == "sm80" and key.block_sparse and key.varlen_q and key.page_size == 128
+    assert key.pack_gqa == 1 and not key.page_prefetch and not key.split_kv
+    counts, indices = named_arguments(key, args)["score_tensors"]
+    block_m, block_n = key.tile.block_m, key.tile.block_n
+    assert_cut(counts, indices, cut_by_hand(*bm.kernel_blocks(block_m, block_n, 3, 4),
+                                            [-(-n // block_m) for n in lens_q],
+                                            [-(-n // block_n) for n in used]))
+
+
 def test_varlen_block_mask_backward_walks_cut_query_lists(launches, on, monkeypatch):
     """The ragged backward of a block mask: block-sparse, ragged, its query tile lists cut to
     each sequence (a key tile past its keys lists nothing, a listed query tile lies inside

@@ -163,6 +163,38 @@ def test_softcap_mod_runs_the_builtins_tanh(monkeypatch):
         assert len(re.findall(op, ptx)) == len(re.findall(op, plain_ptx)), op
 
 
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_softcap_mod_multiplies_as_the_builtin(direction):
+    """A softcap written as a score_mod multiplies as often as the built-in softcap (the wgmma
+    kernels, sm_90a): its derivative's constants folded (`mods.grad`), the score's 1 / c in
+    the pre-scale and its result's c in the softmax scale (`mods.graph.scaled_score`,
+    `root_factor`): at most one float32 multiply more in the PTX (pre_scale * 1 / c), where
+    four a score more were issued before."""
+    import dataclasses
+
+    from cute_fa.compile.build import compile_kernel
+    from cute_fa.tuning import kernel_key
+    from cute_fa.tuning_bwd import bwd_keys
+
+    def softcap(s, b, h, q, kv):
+        return __import__("torch").tanh(s / 20.0) * 20.0
+
+    mod = trace_score_mod(softcap)[0]
+    if direction == "forward":
+        builtin = kernel_key("sm_90a", "bfloat16", 128, True, "sm90", softcap=True)
+        plain = kernel_key("sm_90a", "bfloat16", 128, True, "sm90")
+    else:
+        builtin = bwd_keys("sm_90a", "bfloat16", 128, False, backend="sm90", softcap=True)[1]
+        plain = bwd_keys("sm_90a", "bfloat16", 128, False, backend="sm90")[1]
+    ptx = compile_kernel(dataclasses.replace(plain, score_mod=mod), keep_ptx=True).__ptx__
+    builtin_ptx = compile_kernel(builtin, keep_ptx=True).__ptx__
+
+    def multiplies(text):
+        return len(re.findall(r"^\s+mul(?:\.rn)?(?:\.ftz)?\.f32\b", text, re.M))
+    assert multiplies(builtin_ptx) <= multiplies(ptx) <= multiplies(builtin_ptx) + 2
+    assert ptx.count("tanh.approx.f32") == builtin_ptx.count("tanh.approx.f32")
+
+
 CAPTURE_GRAD_MODS = {  # name -> (score_mod, float32 reductions a thread adds per tile)
     "per_head": (SCORES["alibi"], 1),
     "per_query": (lambda s, b, h, q, kv: s + QUERY_BIAS[q], None),
