@@ -242,14 +242,15 @@ def test_sequence_block_mask_refusals(launches, monkeypatch):
 CASES = [("sm_90a", "sm90", "forward"), ("sm_80", "sm80", "forward"),
          ("sm_120a", "tma", "forward"), ("sm_90a", "tma", "forward"),
          ("sm_80", "sm80", "paged"), ("sm_120a", "sm80", "paged"),
+         ("sm_90a", "sm80", "packed"),
          ("sm_80", "sm80", "backward"), ("sm_90a", "sm90", "backward")]
 
 
 @pytest.mark.parametrize("arch, backend, kind", CASES)
 def test_sequence_block_mask_kernels_compile(arch, backend, kind):
     """The kernels a ragged or KV-cache block mask runs: the ragged forwards (cp.async, TMA,
-    wgmma), the paged decode kernel (seqused_k, no packing, no page prefetch) and the ragged
-    backwards, each walking the lists with a document mask_mod, within
+    wgmma), the paged decode kernel (seqused_k, no page prefetch; a GQA group packed or not)
+    and the ragged backwards, each walking the lists with a document mask_mod, within
     tuning.MOD_SPILL_BUDGET."""
     from cute_fa.compile.build import compile_kernel
     from cute_fa.compile.ptxas import ptxas_resources
@@ -261,30 +262,58 @@ def test_sequence_block_mask_kernels_compile(arch, backend, kind):
     if kind == "forward":
         key = kernel_key(arch, "bfloat16", 128, False, backend, varlen=True)
         key = dataclasses.replace(key, tile=mods_tile(key, (128, 128)))
-    elif kind == "paged":
+    elif kind in ("paged", "packed"):
         key = decode_key(arch, "bfloat16", 128, False, seqlen_q=4, group=2, page_size=64,
                          seqused_k=True, split_kv=False)
-        key = dataclasses.replace(key, pack_gqa=1, page_prefetch=False)
+        key = dataclasses.replace(key, pack_gqa=2 if kind == "packed" else 1,
+                                  page_prefetch=False)
     else:
         key = bwd_keys(arch, "bfloat16", 128, False, backend=backend, varlen=True)[1]
     key = dataclasses.replace(key, block_sparse=True, mask_mod=mask)
-    assert kind == "paged" or (key.varlen_q and key.varlen_k)
+    assert kind in ("paged", "packed") or (key.varlen_q and key.varlen_k)
     res = ptxas_resources(compile_kernel(key, keep_ptx=True).__ptx__, arch)
     assert res["spill_stores"] <= MOD_SPILL_BUDGET and res["spill_loads"] <= MOD_SPILL_BUDGET, \
         res["log"]
 
 
 def test_block_sparse_keys_refuse_what_splits_the_lists():
-    """A block-sparse key walks one query tile's whole list in one CTA, one query head a tile,
-    looking each listed block's pages up as it loads it: split-KV, GQA packing and page
-    prefetch are refused by name; a ragged batch and a paged cache are not."""
-    from cute_fa.tuning import decode_key
+    """A block-sparse key walks one query tile's whole list in one CTA, looking each listed
+    block's pages up as it loads it: split-KV and page prefetch are refused by name, and GQA
+    packing but in the cp.async kernel (whose packed heads the host gives one shared list); a
+    ragged batch and a paged cache are not refused."""
+    from cute_fa.tuning import decode_key, kernel_key
 
     key = decode_key("sm_80", "bfloat16", 128, False, seqlen_q=4, group=2, page_size=64,
                      seqused_k=True, split_kv=False)
     plain = dataclasses.replace(key, pack_gqa=1, page_prefetch=False, block_sparse=True)
     assert plain.block_sparse and plain.page_size == 64
-    for change, name in ((dict(split_kv=True), "split-KV"), (dict(pack_gqa=2), "GQA packing"),
+    assert dataclasses.replace(plain, pack_gqa=2).pack_gqa == 2
+    for change, name in ((dict(split_kv=True), "split-KV"),
                          (dict(page_prefetch=True), "page_prefetch")):
         with pytest.raises(ValueError, match=f"block_sparse.*{name}"):
             dataclasses.replace(plain, **change)
+    sm90 = kernel_key("sm_90a", "bfloat16", 64, False, "sm90", pack_gqa=2)
+    assert sm90.pack_gqa == 2
+    with pytest.raises(ValueError, match="block_sparse.*GQA packing"):
+        dataclasses.replace(sm90, block_sparse=True)
+
+
+def test_paged_block_mask_of_shared_heads_packs_the_group(launches, on):
+    """A block mask of one head, shared by every query head: the decode kernel keeps packing a
+    GQA group's heads into one tile, whose block_m rows are block_m / group queries of each
+    head, and the lists are made at that many queries a tile."""
+    recorded, _ = launches
+    q = torch.randn(2, 3, 8, 64, dtype=torch.bfloat16)
+    cache = torch.randn(16, 128, 2, 64, dtype=torch.bfloat16)
+    table = torch.arange(16, dtype=torch.int32).view(2, 8)
+    used = torch.tensor([1000, 70], dtype=torch.int32)
+    bm = create_block_mask(lambda b, h, qi, kv: kv % 3 != b, 2, None, 3, 1024)
+    cute_fa.forward(q, cache, cache, page_table=table, seqused_k=used, block_mask=bm)
+    (key, args), = recorded
+    assert key.block_sparse and key.pack_gqa == 4 and not key.page_prefetch
+    counts, indices = named_arguments(key, args)["score_tensors"]
+    queries, block_n = key.tile.block_m // 4, key.tile.block_n
+    full = bm.kernel_blocks(queries, block_n, 2, 8)
+    assert indices is full[1]
+    assert_cut(counts, indices, cut_by_hand(*full, [10 ** 6] * 2,
+                                            [-(-1000 // block_n), -(-70 // block_n)]))

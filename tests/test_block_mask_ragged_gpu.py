@@ -99,9 +99,12 @@ def test_varlen_block_mask(case, backend):
               entry, flex=False)
 
 
-def test_paged_block_mask():
-    """Few queries against a paged cache with seqused_k (the decode kernel, unpacked), a
-    mask made for the cache's capacity: each entry against its used keys' reference."""
+@pytest.mark.parametrize("shared", [False, True])
+def test_paged_block_mask(shared):
+    """Few queries against a paged cache with seqused_k (the decode kernel), a mask made for
+    the cache's capacity, per head (unpacked) or of one head shared by all (a GQA group packed
+    into one tile, its lists at block_m / group queries a tile): each entry against its used
+    keys' reference."""
     gen = torch.Generator(device="cuda").manual_seed(67)
     b, sq, hq, hk, d, page, pages = 2, 3, 8, 2, 128, 64, 24
     used = [1500, 70]
@@ -113,8 +116,11 @@ def test_paged_block_mask():
     from cute_fa.mods.block_mask import create_block_mask
 
     def mask_mod(bb, h, qi, kv):
+        if shared:
+            return (kv % 5 != qi) & (kv // 128 % 3 != bb)
         return (kv % 5 != h % 5) & (kv // 128 % 3 != bb)
-    mask = create_block_mask(mask_mod, b, hq, sq, pages * page, device="cuda", block_size=128)
+    mask = create_block_mask(mask_mod, b, None if shared else hq, sq, pages * page,
+                             device="cuda", block_size=128)
     out = torch.full_like(q, math.nan)
     o, lse = cute_fa.forward(q, kc, vc, return_lse=True, out=out, page_table=table,
                              seqused_k=torch.tensor(used, device="cuda", dtype=torch.int32),

@@ -150,7 +150,10 @@ def with_mods(call: AttentionCall, mods: TracedMods) -> AttentionCall:
     """The checked call with its mods among its score features."""
     if not mods:
         return call
-    blocks = tuple(mods.block_mask.block_size) if mods.block_mask is not None else ()
+    blocks = ()
+    if mods.block_mask is not None:  # its block size, and its heads (1: shared by all)
+        mask = mods.block_mask
+        blocks = tuple(mask.block_size) + (mask.kv_num_blocks.shape[1],)
     return call._replace(features=call.features._replace(
         score_mod=mods.score_mod, mask_mod=mods.mask_mod, sinks=mods.sinks is not None,
         block_sparse=blocks))

@@ -77,12 +77,14 @@ class KernelKey:
             raise ValueError("a softcap and a score_mod together: the softcap is a score_mod "
                              "(softcap * tanh(score / softcap)); give one or the other")
         if self.block_sparse and (self.causal or self.local or self.lpt
-                                  or getattr(self, "pack_gqa", 1) > 1
+                                  or (getattr(self, "pack_gqa", 1) > 1
+                                      and self.backend != "sm80")
                                   or getattr(self, "persistent", 0)
                                   or getattr(self, "split_kv", False)
                                   or getattr(self, "page_prefetch", False)):
             raise ValueError("block_sparse visits a block mask's key blocks: not causal (put "
-                             "it in the mask), a window, lpt, GQA packing, persistence, "
+                             "it in the mask), a window, lpt, GQA packing (but the cp.async "
+                             "kernel's, whose packed heads share one list), persistence, "
                              "split-KV or page_prefetch")
 
 

@@ -21,7 +21,8 @@ class ScoreFeatures(NamedTuple):
     window_right), a sliding window's lower edge (local, window_left keys left of the
     diagonal), a softcap (0: none), traced mods (`cute_fa.mods.ModGraph`, None: none),
     attention sinks (a logit per query head) and a block mask (block_sparse: its (query, key)
-    block size, which the tile is fitted to; () without one). `causal`, `local`, the mods,
+    block size, which the tile is fitted to, and its heads, 1 where every head shares its
+    lists; () without one). `causal`, `local`, the mods,
     `sinks` and `block_sparse` are kernel key fields (a bool there); the rest are kernel
     arguments (the mods' captured tensors, the sink logits and the block lists too)."""
 

@@ -195,9 +195,11 @@ def _with_mods(key, f: ScoreFeatures):
         if changes["tile"].block_m % getattr(key, "pack_gqa", 1):
             changes["pack_gqa"] = 1
     if f.block_sparse and hasattr(key, "page_prefetch"):
-        # a decode key: one query head per tile (its own lists), the pages of listed blocks
-        # looked up as each is loaded
-        changes.update(pack_gqa=1, page_prefetch=False)
+        # a decode key: the pages of listed blocks looked up as each is loaded; a GQA group's
+        # heads packed into one tile only where they share the mask's lists (one head)
+        changes.update(page_prefetch=False)
+        if f.block_sparse[2] != 1:
+            changes.update(pack_gqa=1)
     return dataclasses.replace(key, **changes)
 
 

@@ -78,13 +78,15 @@ def run_forward(call: AttentionCall, plan: ForwardPlan, q, k, v, out=None, *, cu
     f = call.features
     if f.block_sparse:
         tile = plan.key.tile
-        counts, indices = block_mask.kernel_blocks(tile.block_m, tile.block_n, call.batch,
+        # a tile packing a GQA group's heads holds block_m / group queries of each
+        queries = tile.block_m // getattr(plan.key, "pack_gqa", 1)
+        counts, indices = block_mask.kernel_blocks(queries, tile.block_n, call.batch,
                                                    call.heads_q)
         if ragged or call.seqused_k or call.page_size:
             # each entry's query tiles visit its own keys (the mask may be made longer)
             from ..mods.block_mask import per_sequence, sequence_tiles
 
-            counts = per_sequence(counts, indices, sequence_tiles(cu_seqlens_q, tile.block_m),
+            counts = per_sequence(counts, indices, sequence_tiles(cu_seqlens_q, queries),
                                   sequence_tiles(cu_seqlens_k, tile.block_n, seqused_k,
                                                  call.seqlen_k))
         score_tensors = (score_tensors or ()) + (counts, indices)
