@@ -231,8 +231,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     kernel has one (`tuning.mods_tile`), else reading the blocks' kinds per score. Calls
     without causal or a window (the mask says them), num_splits 1; the sm80 and sm90
     kernels. With a KV cache it is made for the cache's capacity and each entry visits the
-    listed blocks below its seqused_k, once `cute_fa.mods.block_mask.SEQUENCE_BLOCK_MASKS`
-    is on (it awaits a GPU check; off, a ValueError says so). Differentiable: each key tile
+    listed blocks below its seqused_k (a GQA group's heads packed into one tile where the mask
+    has one head), once `cute_fa.mods.block_mask.SEQUENCE_BLOCK_MASKS` is on (it awaits a GPU
+    check; off, a ValueError says so). Differentiable: each key tile
     of the backward visits the query tiles that meet listed blocks (those it keeps whole
     unmasked, `block_mask.SPARSE_BACKWARD`), all of them where deterministic.
 

@@ -33,8 +33,9 @@ class KernelKey:
     attention sinks). block_sparse: each query block visits the key blocks a block mask lists
     for it (`cute_fa.mods.block_mask.BlockMask.kernel_blocks`; in a ragged batch or a KV
     cache cut to each entry's blocks, `per_sequence`), in ascending order, instead of every
-    one its causal bound leaves (without causal, a window, GQA packing, persistence or
-    split-KV). The mods' captured tensors, the sink logits
+    one its causal bound leaves (without causal, a window, persistence or split-KV; with GQA
+    packing only in the cp.async kernel, for a mask whose lists every head shares). The mods'
+    captured tensors, the sink logits
     and the block lists (their counts, then their indices) are the kernel's `score_tensors`
     argument."""
 
