@@ -25,7 +25,7 @@ case $1 in
     grep -E "^(FAILED|ERROR)" "$OUT"/ragged_block_mask_gpu.log | head -20
     tail -1 "$OUT"/ragged_block_mask_gpu.log
     timeout 250 python -m pytest -q -p no:cacheprovider -n 8 -rfE tests/test_mods_gpu.py \
-      -k "softcap or alibi or relative_bias or gradients or block_mask" \
+      -k "softcap or alibi or relative_bias or gradients or block_mask or builtins" \
       > "$OUT"/mods_gpu.log 2>&1
     grep -E "^(FAILED|ERROR)" "$OUT"/mods_gpu.log | head -20
     tail -1 "$OUT"/mods_gpu.log ;;
