@@ -115,6 +115,28 @@ def test_deterministic_splits_and_orders_the_sums(launches):
     assert main["semaphore"].shape[:2] == (1, 32)
 
 
+def test_splitting_heads_stands_in_for_the_rule(launches):
+    """`plan.splitting_heads(rule)`: within the block the plan asks rule, with
+    `bwd_head_splits`' arguments, instead of it (the A/Bs of that rule): the causal call
+    above, split 4 ways by the rule, runs unsplit under a rule of 1; a rule asked as if the
+    call were causal splits the same grid, not causal, 4 ways where the rule leaves it whole."""
+    from cute_fa.runtime.plan import splitting_heads
+
+    recorded, _ = launches
+    asked = []
+    with splitting_heads(lambda *args: asked.append(args) or 1):
+        backward(*_gqa(1, 2048, 32, 8), True)
+    assert asked == [(16, 8, 4, 1, 132, True)]
+    assert named_arguments(*recorded[1])["head_splits"] is None
+    recorded.clear()
+    backward(*_gqa(1, 4352, 32, 8), False)  # 34 x 8 = 272 CTAs cover 132 SMs: no split
+    assert named_arguments(*recorded[1])["head_splits"] is None
+    recorded.clear()
+    with splitting_heads(lambda *args: bwd_head_splits(*args[:-1], True)):
+        backward(*_gqa(1, 4352, 32, 8), False)
+    assert named_arguments(*recorded[1])["head_splits"] == 4
+
+
 def test_default_has_no_sum_counters(launches):
     recorded, _ = launches
     backward(*_gqa(1, 2048, 32, 8), True)

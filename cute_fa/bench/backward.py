@@ -33,6 +33,11 @@ ORDER = ("cute_fa", "cute_fa_det") + PEERS
 BACKWARD_WORK, STEP_WORK = 2.5, 3.5  # x the forward's FLOPs
 
 
+def max_grad_diff(a, b) -> float:
+    """The largest absolute difference between two methods' gradients (tuples of tensors)."""
+    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
+
+
 def autograd_pair(torch, forward, leaves, dout) -> tuple:
     """(backward only, forward + backward) of a peer's autograd function `forward()` (its
     output, or a tuple whose first item is it). Where `forward` fails, both raise its error

@@ -201,11 +201,11 @@ def per_sequence(counts: torch.Tensor, indices: torch.Tensor, rows: torch.Tensor
     tile of one side (a query tile in the forward's lists, a key tile in the backward's),
     its entries tiles of the other. rows, listed: int (batch,), sequence b's tiles on each
     side (`sequence_tiles`; an int: every sequence's; None: all the mask's). A row past its
-    sequence's tiles lists
-    nothing, and a row keeps its entries below the sequence's `listed` tiles: the first ones
-    of its ascending list, so that only its count changes (the kernels read no entry past
-    it), and its last tile is the one the sequence's end may cut (the first round, which
-    masks). int32 (batch, heads, rows), a new tensor; no host sync."""
+    sequence's tiles lists nothing, and a row keeps its entries below the sequence's
+    `listed` tiles: the first ones of its ascending list, so that only its count changes
+    (the kernels read no entry past it), and its last tile is the one the sequence's end may
+    cut (the first round, which masks). int32 (batch, heads, rows), a new tensor; no host
+    sync."""
     count = counts
     if listed is not None:
         tile = kernel_tile(indices)[0]

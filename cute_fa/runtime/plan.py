@@ -76,11 +76,13 @@ class MergePlan(NamedTuple):
 class Overrides(NamedTuple):
     """tile_arch: the arch whose tables choose tiles, stages and backends (None: the
     device's); changes: key fields replaced in every forward kernel key planned;
-    backward_changes: in every backward main kernel key planned."""
+    backward_changes: in every backward main kernel key planned; head_splits: the rule that
+    splits the wgmma backward's K/V groups (`splitting_heads`; None: `bwd_head_splits`)."""
 
     tile_arch: str | None = None
     changes: tuple = ()
     backward_changes: tuple = ()
+    head_splits: object = None
 
 
 _OVERRIDES = [Overrides()]
@@ -122,6 +124,16 @@ def overriding_backward(**changes):
     block has these fields replaced (e.g. `persistent=132`); its postprocess keys follow the
     main key's tile."""
     with _overridden(backward_changes=tuple(sorted(changes.items()))):
+        yield
+
+
+@contextlib.contextmanager
+def splitting_heads(rule):
+    """As `overriding_backward`, for the count of CTAs the wgmma backward splits each K/V
+    group's query heads over: within the block it is rule(key_blocks, heads_kv, group, batch,
+    num_sms, causal), `tuning_bwd.bwd_head_splits`' arguments, where the call leaves it to
+    the plan (the benchmarks' A/Bs of that rule)."""
+    with _overridden(head_splits=rule):
         yield
 
 
@@ -318,7 +330,7 @@ def _backward(call: BackwardCall, device: Device, compile: bool) -> BackwardPlan
         main = _BACKWARD_MAIN[route] = _backward_keys(call, device, 1)[1]
     splits = 1
     if call.heads_q != call.heads_kv and main.backend == "bwd_sm90":
-        splits = call.head_splits or bwd_head_splits(
+        splits = call.head_splits or (over.head_splits or bwd_head_splits)(
             -(-call.seqlen_k // main.tile.block_n), call.heads_kv,
             call.heads_q // call.heads_kv, call.batch, device.num_sms, f.causal)
     split_route = route + (splits,)

@@ -11,9 +11,9 @@ import sys
 import torch
 
 import cute_fa
-from cute_fa.bench.backward import autograd_pair
+from cute_fa.bench.backward import autograd_pair, max_grad_diff
 from cute_fa.bench.common import time_each, warm_gpu
-from cute_fa.runtime import plan
+from cute_fa.runtime.plan import splitting_heads
 
 OUT = sys.argv[1]
 HQ, HK, D = 16, 4, 128
@@ -25,17 +25,9 @@ CALLS = {"window_256": dict(causal=True, window_size=(255, 0)),
 def unsplit(fn):
     """fn with the plan's head splits stood in by 1 for its call."""
     def call():
-        saved = plan.bwd_head_splits
-        plan.bwd_head_splits = lambda *args: 1
-        try:
+        with splitting_heads(lambda *args: 1):
             return fn()
-        finally:
-            plan.bwd_head_splits = saved
     return call
-
-
-def diff(a, b) -> float:
-    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
 
 
 def main():
@@ -56,7 +48,7 @@ def main():
                                           reps=10, keep_outputs=True)
             row = dict(seqlen=s, batch=batch, call=name, bwd_us=us, errors=errors)
             if len(grads) == 2:
-                row["max_diff"] = diff(grads["split"], grads["unsplit"])
+                row["max_diff"] = max_grad_diff(grads["split"], grads["unsplit"])
             if us.get("split") and us.get("unsplit"):
                 row["unsplit_speed_over_split"] = us["split"] / us["unsplit"]
             rows.append(row)

@@ -14,9 +14,10 @@ import sys
 import torch
 
 import cute_fa
-from cute_fa.bench.backward import autograd_pair
+from cute_fa.bench.backward import autograd_pair, max_grad_diff
 from cute_fa.bench.common import time_each, warm_gpu
-from cute_fa.runtime import plan
+from cute_fa.runtime.plan import splitting_heads
+from cute_fa.tuning_bwd import bwd_head_splits
 
 OUT = sys.argv[1]
 HQ, HK, D = 16, 4, 128
@@ -29,17 +30,9 @@ def causal_mask(b, h, q, kv):
 def as_causal(fn):
     """fn with the plan's head splits asked as if the call were causal."""
     def call():
-        saved = plan.bwd_head_splits
-        plan.bwd_head_splits = lambda *args: saved(*args[:-1], True)
-        try:
+        with splitting_heads(lambda *args: bwd_head_splits(*args[:-1], True)):
             return fn()
-        finally:
-            plan.bwd_head_splits = saved
     return call
-
-
-def diff(a, b) -> float:
-    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
 
 
 def main():
@@ -70,7 +63,7 @@ def main():
             us, errors, grads = time_each(torch, fns, reps=10, keep_outputs=True)
             row = dict(seqlen=s, batch=batch, mask=name, bwd_us=us, errors=errors)
             if "plan" in grads and "split" in grads:
-                row["max_diff"] = diff(grads["plan"], grads["split"])
+                row["max_diff"] = max_grad_diff(grads["plan"], grads["split"])
             if us.get("plan") and us.get("split"):
                 row["split_speed_over_plan"] = us["plan"] / us["split"]
             if us.get("builtin") and us.get("split"):
