@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 
+from .mods import logit_factor
+
 LN2 = math.log(2.0)
 LOG2_E = math.log2(math.e)  # the kernels pass softmax_scale * LOG2_E as scale_log2
 
@@ -33,8 +35,6 @@ def score_scales(has_softcap: bool, softmax_scale, softcap, score_mod=None) -> t
     if has_softcap:
         return softcap * LOG2_E, softmax_scale / softcap
     if score_mod is not None:
-        from .mods import logit_factor
-
         return cutlass.Float32(LOG2_E * logit_factor(score_mod)), softmax_scale
     return softmax_scale * LOG2_E, None
 
